@@ -1,0 +1,1 @@
+//! Attribute macros of flowwarden-rs. Use them through the `flowwarden` crate.
