@@ -1,0 +1,1 @@
+//! A wire-level emulator of a MongoDB replica-set primary (test infrastructure, not MongoDB).
