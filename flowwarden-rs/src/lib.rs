@@ -1,6 +1,34 @@
 //! flowwarden: declared, supervised MongoDB change-stream handlers.
+//!
+//! Annotate an `impl` block with [`change_stream`] and its companion attributes, call
+//! [`run()`], and each stream is validated at startup and supervised: routed by operation type,
+//! filtered, retried, dead-lettered, and checkpointed only over settled events — at-least-once,
+//! and never a silent gap. See the README and `docs/` for the whole picture.
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
 extern crate self as flowwarden;
 
+pub mod context;
+pub mod definition;
+pub(crate) mod engine;
+pub mod event;
+pub mod handler;
+pub mod handler_error;
 pub mod matcher;
+pub(crate) mod registry;
+
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
+
+pub use context::{ChangeContext, DecodeError, EventId};
+pub use definition::{
+    CheckpointConfig, FullDocument, FullDocumentBeforeChange, OnHistoryLost, RestartConfig,
+    ResumeStrategy, RetryConfig, StartPosition, StreamDefinition,
+};
+pub use event::{ChangeEvent, Namespace, OperationType, ResumeToken, UpdateDescription};
+pub use handler::{AnyStream, CollectionName, HandlerFuture, StreamHandler};
+pub use handler_error::{ErrorAction, HandlerError, HandlerErrorKind, IntoHandlerResult};
+
+#[doc(inline)]
+pub use flowwarden_rs_macros::{change_stream, checkpoint, on_change, on_delete, on_error, on_insert, on_replace, on_update, pipeline, filter, restart, retry};

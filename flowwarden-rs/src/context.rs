@@ -1,0 +1,293 @@
+//! What a handler sees of an event: [`ChangeContext`].
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bson::{DateTime, Document, Timestamp};
+use serde::de::DeserializeOwned;
+
+use crate::event::{ChangeEvent, Namespace, OperationType, ResumeToken, UpdateDescription};
+use crate::handler_error::{HandlerError, HandlerErrorKind};
+
+/// A stable identity of an event, the same on every redelivery: use it to make handlers
+/// idempotent (for example as a unique key of the side effect).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventId(String);
+
+impl EventId {
+    /// The identity of the event with `token` on `stream`.
+    pub fn new(stream: &str, token: &ResumeToken) -> Self {
+        Self(format!("{stream}:{token}"))
+    }
+
+    /// The identity as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Everything about one event, handed to filters and handlers.
+///
+/// `T` is the stream's `document` type (`bson::Document` when none is declared).
+pub struct ChangeContext<T> {
+    event: Arc<ChangeEvent>,
+    document: Option<T>,
+    document_before_change: Option<T>,
+    stream: &'static str,
+    id: EventId,
+    attempt: AtomicU32,
+    dead_letter_reason: Mutex<Option<String>>,
+    save_checkpoint_now: AtomicBool,
+}
+
+/// The event's document could not be decoded into the stream's type.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot decode `{field}` of event {token} into `{type_name}`: {source}")]
+pub struct DecodeError {
+    /// `fullDocument` or `fullDocumentBeforeChange`.
+    pub field: &'static str,
+    /// The target type.
+    pub type_name: &'static str,
+    /// The event's token.
+    pub token: String,
+    /// The decoder's error.
+    #[source]
+    pub source: bson::de::Error,
+}
+
+impl<T: DeserializeOwned> ChangeContext<T> {
+    /// Builds the context, decoding `fullDocument` and `fullDocumentBeforeChange` into `T`.
+    pub fn decode(stream: &'static str, event: Arc<ChangeEvent>) -> Result<Self, DecodeError> {
+        let document = decode_field::<T>(&event, "fullDocument")?;
+        let document_before_change = decode_field::<T>(&event, "fullDocumentBeforeChange")?;
+        Ok(Self {
+            id: EventId::new(stream, event.token()),
+            event,
+            document,
+            document_before_change,
+            stream,
+            attempt: AtomicU32::new(1),
+            dead_letter_reason: Mutex::new(None),
+            save_checkpoint_now: AtomicBool::new(false),
+        })
+    }
+
+    /// An owned copy of the document, decoded again from the raw event (used for handlers
+    /// that take the document by value). Fails when the event carries no document.
+    pub fn document_owned(&self) -> Result<T, HandlerError> {
+        self.document_owned_opt()?.ok_or_else(|| {
+            HandlerError::kind_msg(
+                HandlerErrorKind::MissingDocument,
+                format!(
+                    "the {} event {} carries no fullDocument (deleted before the lookup, or no post-image); take `Option<T>` or the context to handle this case",
+                    self.event.operation_type(),
+                    self.event.token()
+                ),
+            )
+        })
+    }
+
+    /// An owned copy of the document when the event carries one.
+    pub fn document_owned_opt(&self) -> Result<Option<T>, HandlerError> {
+        decode_field::<T>(&self.event, "fullDocument")
+            .map_err(|e| HandlerError::with_kind(HandlerErrorKind::Decode, e))
+    }
+}
+
+fn decode_field<T: DeserializeOwned>(
+    event: &ChangeEvent,
+    field: &'static str,
+) -> Result<Option<T>, DecodeError> {
+    match event.raw().get_document(field) {
+        Ok(doc) => bson::from_document::<T>(doc.clone())
+            .map(Some)
+            .map_err(|source| DecodeError {
+                field,
+                type_name: std::any::type_name::<T>(),
+                token: event.token().to_string(),
+                source,
+            }),
+        Err(_) => Ok(None),
+    }
+}
+
+impl<T> ChangeContext<T> {
+    /// The name of the stream that received the event.
+    pub fn stream_name(&self) -> &'static str {
+        self.stream
+    }
+
+    /// A stable identity for deduplication: the same on every redelivery of this event.
+    pub fn event_id(&self) -> &EventId {
+        &self.id
+    }
+
+    /// The operation.
+    pub fn operation_type(&self) -> &OperationType {
+        self.event.operation_type()
+    }
+
+    /// The namespace the event happened in.
+    pub fn namespace(&self) -> &Namespace {
+        self.event.namespace()
+    }
+
+    /// `documentKey`.
+    pub fn document_key(&self) -> Option<&Document> {
+        self.event.document_key()
+    }
+
+    /// The typed document (`fullDocument`), when the event carries one.
+    pub fn document(&self) -> Option<&T> {
+        self.document.as_ref()
+    }
+
+    /// The typed pre-image (`fullDocumentBeforeChange`), when the event carries one.
+    pub fn document_before_change(&self) -> Option<&T> {
+        self.document_before_change.as_ref()
+    }
+
+    /// `updateDescription`, for updates.
+    pub fn update_description(&self) -> Option<&UpdateDescription> {
+        self.event.update_description()
+    }
+
+    /// The event's resume token.
+    pub fn resume_token(&self) -> &ResumeToken {
+        self.event.token()
+    }
+
+    /// `clusterTime`.
+    pub fn cluster_time(&self) -> Option<Timestamp> {
+        self.event.cluster_time()
+    }
+
+    /// `wallTime`.
+    pub fn wall_time(&self) -> Option<DateTime> {
+        self.event.wall_time()
+    }
+
+    /// The transaction number, for events written in a transaction.
+    pub fn txn_number(&self) -> Option<i64> {
+        self.event.txn_number()
+    }
+
+    /// The raw event, as the source delivered it.
+    pub fn raw_event(&self) -> &Document {
+        self.event.raw()
+    }
+
+    /// The shared parsed event.
+    pub fn event(&self) -> &Arc<ChangeEvent> {
+        &self.event
+    }
+
+    /// Which attempt this is (1 for the first try).
+    pub fn attempt(&self) -> u32 {
+        self.attempt.load(Ordering::Relaxed)
+    }
+
+    /// Asks the runtime to dead-letter this event with `reason` once the handler returns,
+    /// without further retries. The event counts as settled once the record is stored.
+    pub fn dead_letter(&self, reason: impl Into<String>) {
+        if let Ok(mut slot) = self.dead_letter_reason.lock() {
+            *slot = Some(reason.into());
+        }
+    }
+
+    /// Asks the runtime to write the checkpoint as soon as this event is settled, regardless
+    /// of `save_every_n`.
+    pub fn save_checkpoint_now(&self) {
+        self.save_checkpoint_now.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_attempt(&self, attempt: u32) {
+        self.attempt.store(attempt, Ordering::Relaxed);
+    }
+
+    pub(crate) fn take_dead_letter_request(&self) -> Option<String> {
+        self.dead_letter_reason.lock().ok().and_then(|mut s| s.take())
+    }
+
+    pub(crate) fn take_save_request(&self) -> bool {
+        self.save_checkpoint_now.swap(false, Ordering::Relaxed)
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for ChangeContext<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChangeContext")
+            .field("stream", &self.stream)
+            .field("event_id", &self.id)
+            .field("operation_type", self.operation_type())
+            .field("document_key", &self.document_key())
+            .field("attempt", &self.attempt())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    struct Order {
+        status: String,
+    }
+
+    fn event(raw: Document) -> Arc<ChangeEvent> {
+        Arc::new(ChangeEvent::from_raw(raw).expect("valid event"))
+    }
+
+    #[test]
+    fn decodes_document_and_identity() {
+        let ev = event(doc! {
+            "_id": {"_data": "01"}, "operationType": "insert",
+            "fullDocument": {"_id": 1, "status": "PAID"}
+        });
+        let ctx = ChangeContext::<Order>::decode("orders", ev).expect("decodes");
+        assert_eq!(ctx.document().map(|o| o.status.as_str()), Some("PAID"));
+        assert_eq!(ctx.event_id().as_str(), "orders:01");
+        assert_eq!(ctx.document_owned().expect("present").status, "PAID");
+    }
+
+    #[test]
+    fn undecodable_document_is_an_error() {
+        let ev = event(doc! {
+            "_id": {"_data": "01"}, "operationType": "insert",
+            "fullDocument": {"_id": 1, "status": 5}
+        });
+        let err = ChangeContext::<Order>::decode("orders", ev).unwrap_err();
+        assert_eq!(err.field, "fullDocument");
+    }
+
+    #[test]
+    fn missing_document_for_owned_handler_is_not_retryable() {
+        let ev = event(doc! {"_id": {"_data": "01"}, "operationType": "update"});
+        let ctx = ChangeContext::<Order>::decode("orders", ev).expect("decodes");
+        let err = ctx.document_owned().unwrap_err();
+        assert_eq!(err.kind(), HandlerErrorKind::MissingDocument);
+        assert!(ctx.document_owned_opt().expect("ok").is_none());
+    }
+
+    #[test]
+    fn requests_are_taken_once() {
+        let ev = event(doc! {"_id": {"_data": "01"}, "operationType": "delete"});
+        let ctx = ChangeContext::<Document>::decode("s", ev).expect("decodes");
+        ctx.dead_letter("poison");
+        ctx.save_checkpoint_now();
+        assert_eq!(ctx.take_dead_letter_request().as_deref(), Some("poison"));
+        assert_eq!(ctx.take_dead_letter_request(), None);
+        assert!(ctx.take_save_request());
+        assert!(!ctx.take_save_request());
+    }
+}

@@ -1,0 +1,347 @@
+//! The raw change event as the source delivers it, and the fields the runtime reads from it.
+//!
+//! The event keeps MongoDB's shape (`_id`, `operationType`, `ns`, `documentKey`, ...) as a
+//! BSON document. Decoding the user's document type happens later, in the runtime, so an
+//! undecodable document is a failure of that event and never moves a position by itself.
+
+use std::fmt;
+
+use bson::{Bson, DateTime, Document, Timestamp};
+use serde::{Deserialize, Serialize};
+
+/// An opaque, ordered stream position as the server issues it (`{_data: "<hex>"}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ResumeToken(Document);
+
+impl ResumeToken {
+    /// Wraps a token document as the server returned it.
+    pub fn from_document(doc: Document) -> Self {
+        Self(doc)
+    }
+
+    /// The token as a BSON document, for storing it or handing it back to the server.
+    pub fn as_document(&self) -> &Document {
+        &self.0
+    }
+
+    /// Consumes the token into its document.
+    pub fn into_document(self) -> Document {
+        self.0
+    }
+
+    /// The `_data` string of the token, when it has one.
+    pub fn data(&self) -> Option<&str> {
+        self.0.get_str("_data").ok()
+    }
+}
+
+impl fmt::Display for ResumeToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.data() {
+            Some(data) => f.write_str(data),
+            None => write!(f, "{}", self.0),
+        }
+    }
+}
+
+/// What happened to the document (`operationType`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum OperationType {
+    /// A document was inserted.
+    Insert,
+    /// A document was updated with operators.
+    Update,
+    /// A document was replaced.
+    Replace,
+    /// A document was deleted.
+    Delete,
+    /// The watched collection was dropped.
+    Drop,
+    /// The watched collection was renamed.
+    Rename,
+    /// The watched database was dropped.
+    DropDatabase,
+    /// The stream can no longer continue (after a drop or rename); the cursor closes.
+    Invalidate,
+    /// Any other operation type the server reports.
+    Other(String),
+}
+
+impl OperationType {
+    /// Parses the server's `operationType` string.
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "insert" => Self::Insert,
+            "update" => Self::Update,
+            "replace" => Self::Replace,
+            "delete" => Self::Delete,
+            "drop" => Self::Drop,
+            "rename" => Self::Rename,
+            "dropDatabase" => Self::DropDatabase,
+            "invalidate" => Self::Invalidate,
+            other => Self::Other(other.to_owned()),
+        }
+    }
+
+    /// The server's spelling.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Insert => "insert",
+            Self::Update => "update",
+            Self::Replace => "replace",
+            Self::Delete => "delete",
+            Self::Drop => "drop",
+            Self::Rename => "rename",
+            Self::DropDatabase => "dropDatabase",
+            Self::Invalidate => "invalidate",
+            Self::Other(s) => s,
+        }
+    }
+}
+
+impl fmt::Display for OperationType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The namespace of an event (`ns`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Namespace {
+    /// Database name.
+    pub db: String,
+    /// Collection name; absent for database-level events.
+    pub coll: Option<String>,
+}
+
+impl fmt::Display for Namespace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.coll {
+            Some(c) => write!(f, "{}.{}", self.db, c),
+            None => f.write_str(&self.db),
+        }
+    }
+}
+
+/// What an update changed (`updateDescription`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct UpdateDescription {
+    /// Fields set by the update, with their new values (dotted paths as keys).
+    pub updated_fields: Document,
+    /// Fields removed by the update.
+    pub removed_fields: Vec<String>,
+    /// Arrays truncated by the update (`{field, newSize}` documents).
+    pub truncated_arrays: Vec<Document>,
+}
+
+/// A fragment marker of `$changeStreamSplitLargeEvent` (`splitEvent`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitEvent {
+    /// 1-based fragment number.
+    pub fragment: u32,
+    /// Number of fragments.
+    pub of: u32,
+}
+
+/// An event as received from the source: the raw document plus the fields the runtime routes on.
+#[derive(Debug, Clone)]
+pub struct ChangeEvent {
+    raw: Document,
+    token: ResumeToken,
+    operation_type: OperationType,
+    namespace: Namespace,
+    document_key: Option<Document>,
+    cluster_time: Option<Timestamp>,
+    wall_time: Option<DateTime>,
+    txn_number: Option<i64>,
+    lsid: Option<Document>,
+    update_description: Option<UpdateDescription>,
+    split: Option<SplitEvent>,
+}
+
+/// A raw event the runtime cannot even identify (no usable `_id` or `operationType`).
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+#[error("malformed change event: {reason}")]
+pub struct EventParseError {
+    /// What is missing or wrong.
+    pub reason: String,
+}
+
+impl ChangeEvent {
+    /// Reads the routing fields of a raw event. Fails only when the event cannot be identified
+    /// (no `_id` token document or no `operationType`); other odd fields are left to decoding.
+    pub fn from_raw(raw: Document) -> Result<Self, EventParseError> {
+        let token = match raw.get("_id") {
+            Some(Bson::Document(d)) => ResumeToken::from_document(d.clone()),
+            _ => {
+                return Err(EventParseError {
+                    reason: "`_id` (the resume token) is missing or not a document".into(),
+                })
+            }
+        };
+        let operation_type = match raw.get_str("operationType") {
+            Ok(s) => OperationType::parse(s),
+            Err(_) => {
+                return Err(EventParseError {
+                    reason: "`operationType` is missing or not a string".into(),
+                })
+            }
+        };
+        let namespace = match raw.get_document("ns") {
+            Ok(ns) => Namespace {
+                db: ns.get_str("db").unwrap_or_default().to_owned(),
+                coll: ns.get_str("coll").ok().map(str::to_owned),
+            },
+            Err(_) => Namespace::default(),
+        };
+        let update_description = raw.get_document("updateDescription").ok().map(|u| {
+            UpdateDescription {
+                updated_fields: u.get_document("updatedFields").cloned().unwrap_or_default(),
+                removed_fields: u
+                    .get_array("removedFields")
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|b| b.as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                truncated_arrays: u
+                    .get_array("truncatedArrays")
+                    .map(|a| a.iter().filter_map(|b| b.as_document().cloned()).collect())
+                    .unwrap_or_default(),
+            }
+        });
+        let split = raw.get_document("splitEvent").ok().map(|s| SplitEvent {
+            fragment: int_field(s, "fragment").unwrap_or(1),
+            of: int_field(s, "of").unwrap_or(1),
+        });
+        Ok(Self {
+            token,
+            operation_type,
+            namespace,
+            document_key: raw.get_document("documentKey").ok().cloned(),
+            cluster_time: raw.get_timestamp("clusterTime").ok(),
+            wall_time: raw.get_datetime("wallTime").ok().copied(),
+            txn_number: raw.get_i64("txnNumber").ok(),
+            lsid: raw.get_document("lsid").ok().cloned(),
+            update_description,
+            split,
+            raw,
+        })
+    }
+
+    /// The whole event as the source delivered it.
+    pub fn raw(&self) -> &Document {
+        &self.raw
+    }
+
+    /// The event's resume token (`_id`).
+    pub fn token(&self) -> &ResumeToken {
+        &self.token
+    }
+
+    /// `operationType`.
+    pub fn operation_type(&self) -> &OperationType {
+        &self.operation_type
+    }
+
+    /// `ns`.
+    pub fn namespace(&self) -> &Namespace {
+        &self.namespace
+    }
+
+    /// `documentKey` (the `_id`, plus the shard key on sharded collections).
+    pub fn document_key(&self) -> Option<&Document> {
+        self.document_key.as_ref()
+    }
+
+    /// `clusterTime`: the operation's time in the oplog.
+    pub fn cluster_time(&self) -> Option<Timestamp> {
+        self.cluster_time
+    }
+
+    /// `wallTime`: the server's wall clock when the operation ran.
+    pub fn wall_time(&self) -> Option<DateTime> {
+        self.wall_time
+    }
+
+    /// `txnNumber`, for events written in a transaction.
+    pub fn txn_number(&self) -> Option<i64> {
+        self.txn_number
+    }
+
+    /// `lsid`, for events written in a session.
+    pub fn lsid(&self) -> Option<&Document> {
+        self.lsid.as_ref()
+    }
+
+    /// `updateDescription`, for updates.
+    pub fn update_description(&self) -> Option<&UpdateDescription> {
+        self.update_description.as_ref()
+    }
+
+    /// `splitEvent`, for fragments of a large event.
+    pub fn split(&self) -> Option<SplitEvent> {
+        self.split
+    }
+
+    /// `fullDocument`, when present and not null.
+    pub fn full_document(&self) -> Option<&Document> {
+        self.raw.get_document("fullDocument").ok()
+    }
+
+    /// `fullDocumentBeforeChange`, when present and not null.
+    pub fn full_document_before_change(&self) -> Option<&Document> {
+        self.raw.get_document("fullDocumentBeforeChange").ok()
+    }
+}
+
+fn int_field(doc: &Document, key: &str) -> Option<u32> {
+    match doc.get(key)? {
+        Bson::Int32(i) => u32::try_from(*i).ok(),
+        Bson::Int64(i) => u32::try_from(*i).ok(),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    #[test]
+    fn parses_routing_fields() {
+        let raw = doc! {
+            "_id": {"_data": "00AB"},
+            "operationType": "update",
+            "ns": {"db": "shop", "coll": "orders"},
+            "documentKey": {"_id": 7},
+            "updateDescription": {"updatedFields": {"a": 1}, "removedFields": ["b"], "truncatedArrays": []},
+            "clusterTime": Timestamp { time: 5, increment: 1 },
+        };
+        let ev = ChangeEvent::from_raw(raw).expect("parses");
+        assert_eq!(ev.operation_type(), &OperationType::Update);
+        assert_eq!(ev.token().data(), Some("00AB"));
+        assert_eq!(ev.namespace().to_string(), "shop.orders");
+        assert_eq!(ev.document_key(), Some(&doc! {"_id": 7}));
+        let ud = ev.update_description().expect("has update description");
+        assert_eq!(ud.removed_fields, vec!["b".to_string()]);
+        assert_eq!(ev.cluster_time(), Some(Timestamp { time: 5, increment: 1 }));
+    }
+
+    #[test]
+    fn rejects_event_without_token() {
+        let err = ChangeEvent::from_raw(doc! {"operationType": "insert"}).unwrap_err();
+        assert!(err.reason.contains("_id"));
+    }
+
+    #[test]
+    fn unknown_operation_types_are_kept() {
+        assert_eq!(
+            OperationType::parse("createIndexes"),
+            OperationType::Other("createIndexes".into())
+        );
+        assert_eq!(OperationType::parse("dropDatabase").as_str(), "dropDatabase");
+    }
+}

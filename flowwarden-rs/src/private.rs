@@ -1,0 +1,87 @@
+//! Support for the code the macros generate. Not a public API: names here may change in any
+//! release. Generated code reaches the runtime only through this module.
+
+use std::future::Future;
+use std::marker::PhantomData;
+
+pub use ::bson;
+pub use ::inventory;
+pub use ::std;
+
+pub use crate::context::ChangeContext;
+pub use crate::definition::{
+    CheckpointConfig, FullDocument, FullDocumentBeforeChange, OnHistoryLost, RestartConfig,
+    ResumeStrategy, RetryConfig, SourceLocation, StartPosition, StreamDefinition,
+};
+pub use crate::event::OperationType;
+pub use crate::handler::{AnyStream, CollectionName, HandlerFuture, StreamHandler};
+pub use crate::handler_error::{
+    ErrorAction, HandlerError, HandlerErrorKind, IntoHandlerResult,
+};
+pub use crate::registry::Registration;
+
+/// Boxes an async handler attempt.
+pub fn run_async<F>(fut: F) -> HandlerFuture
+where
+    F: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    Box::pin(fut)
+}
+
+/// Runs a plain (blocking) handler on Tokio's blocking pool; a panic becomes a failure.
+pub fn run_blocking<F>(f: F) -> HandlerFuture
+where
+    F: FnOnce() -> Result<(), HandlerError> + Send + 'static,
+{
+    Box::pin(async move {
+        match tokio::task::spawn_blocking(f).await {
+            Ok(result) => result,
+            Err(join) if join.is_panic() => Err(crate::engine::panic_error(join.into_panic())),
+            Err(join) => Err(HandlerError::msg(format!(
+                "blocking handler was cancelled: {join}"
+            ))),
+        }
+    })
+}
+
+/// Type-level probe that builds a handler with `Default` when it has one (autoref
+/// specialisation: `(&Probe::<H>::new()).build()` picks [`ViaDefault`] when `H: Default`,
+/// else [`ViaNothing`]).
+pub struct Probe<H>(PhantomData<H>);
+
+impl<H> Probe<H> {
+    /// A probe for `H`.
+    pub const fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<H> Default for Probe<H> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Chosen when the handler type implements `Default`.
+pub trait ViaDefault {
+    /// Builds the stream.
+    fn build(&self) -> Option<AnyStream>;
+}
+
+impl<H: StreamHandler + Default> ViaDefault for Probe<H> {
+    fn build(&self) -> Option<AnyStream> {
+        Some(AnyStream::new(H::default()))
+    }
+}
+
+/// Chosen when the handler type has no `Default`: the builder must supply an instance.
+pub trait ViaNothing {
+    /// Returns `None`.
+    fn build(&self) -> Option<AnyStream>;
+}
+
+impl<H: StreamHandler> ViaNothing for &Probe<H> {
+    fn build(&self) -> Option<AnyStream> {
+        None
+    }
+}
