@@ -6,9 +6,12 @@
 //! and never a silent gap. See the README and `docs/` for the whole picture.
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
+#[allow(unused_extern_crates)]
 extern crate self as flowwarden;
 
+pub mod checkpoint;
 pub mod context;
+pub mod dead_letter;
 pub mod definition;
 pub(crate) mod engine;
 pub mod event;
@@ -16,6 +19,9 @@ pub mod handler;
 pub mod handler_error;
 pub mod matcher;
 pub(crate) mod registry;
+pub mod source;
+pub mod status;
+pub mod store_error;
 
 #[doc(hidden)]
 #[path = "private.rs"]
@@ -29,6 +35,11 @@ pub use definition::{
 pub use event::{ChangeEvent, Namespace, OperationType, ResumeToken, UpdateDescription};
 pub use handler::{AnyStream, CollectionName, HandlerFuture, StreamHandler};
 pub use handler_error::{ErrorAction, HandlerError, HandlerErrorKind, IntoHandlerResult};
+pub use checkpoint::{Checkpoint, CheckpointStore, StoredPosition};
+pub use dead_letter::{DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadLetterStore};
+pub use source::{ChangeCursor, ChangeSource, SourceError, SourceErrorKind, SourceItem, StartAt, WatchSpec};
+pub use status::{Halt, HaltReason, StreamCounters, StreamState, StreamStatus};
+pub use store_error::{StoreError, StoreErrorKind};
 
 #[doc(inline)]
 pub use flowwarden_rs_macros::{change_stream, checkpoint, on_change, on_delete, on_error, on_insert, on_replace, on_update, pipeline, filter, restart, retry};

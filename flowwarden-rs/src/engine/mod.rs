@@ -1,15 +1,69 @@
 //! The stream engine: reading, routing, retrying, dead-lettering and checkpointing one stream.
 
+mod metrics;
+mod process;
+mod reader;
+mod resume;
+mod rng;
+mod worker;
+
 use std::any::Any;
 use std::sync::Arc;
+use std::time::Duration;
 
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::checkpoint::CheckpointStore;
+use crate::context::ChangeContext;
+use crate::dead_letter::DeadLetterStore;
 use crate::definition::StreamDefinition;
+use crate::event::ChangeEvent;
 use crate::handler::StreamHandler;
 use crate::handler_error::{HandlerError, HandlerErrorKind};
+use crate::source::ChangeSource;
+use crate::status::{Halt, StatusCell};
+
+pub(crate) use rng::Rng;
+
+/// Engine settings shared by every stream of a runtime.
+#[derive(Debug, Clone)]
+pub(crate) struct EngineOptions {
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) batch_size: u32,
+    pub(crate) max_await: Duration,
+    pub(crate) default_database: String,
+    pub(crate) seed: u64,
+    pub(crate) dead_letter_write_attempts: u32,
+    pub(crate) checkpoint_on_receipt: bool,
+}
+
+/// Everything one stream task needs from the runtime.
+pub(crate) struct StreamEnv {
+    pub(crate) source: Arc<dyn ChangeSource>,
+    pub(crate) checkpoints: Arc<dyn CheckpointStore>,
+    pub(crate) dead_letters: Option<Arc<dyn DeadLetterStore>>,
+    pub(crate) status: Arc<StatusCell>,
+    pub(crate) stop: watch::Receiver<bool>,
+    pub(crate) options: Arc<EngineOptions>,
+}
+
+/// How a stream task ended.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum StreamExit {
+    /// Stopped on request, progress flushed.
+    Stopped,
+    /// Halted; the status names the runbook.
+    Halted(Halt),
+}
 
 /// A stream with its handler type erased.
 pub(crate) trait ErasedStream: Send + Sync + 'static {
     fn definition(&self) -> &'static StreamDefinition;
+    fn spawn(&self, env: StreamEnv) -> JoinHandle<StreamExit>;
+    fn replay(&self, raw: bson::Document) -> BoxFuture<'static, Result<(), HandlerError>>;
 }
 
 /// The typed side of [`ErasedStream`].
@@ -27,8 +81,30 @@ impl<H: StreamHandler> TypedStream<H> {
 
 impl<H: StreamHandler> ErasedStream for TypedStream<H> {
     fn definition(&self) -> &'static StreamDefinition {
-        let _ = &self.handler;
         H::definition()
+    }
+
+    fn spawn(&self, env: StreamEnv) -> JoinHandle<StreamExit> {
+        tokio::spawn(worker::run_stream(self.handler.clone(), env))
+    }
+
+    fn replay(&self, raw: bson::Document) -> BoxFuture<'static, Result<(), HandlerError>> {
+        let handler = self.handler.clone();
+        async move {
+            let event = ChangeEvent::from_raw(raw)
+                .map_err(|e| HandlerError::kind_msg(HandlerErrorKind::Decode, e))?;
+            let ctx = ChangeContext::<H::Document>::decode(H::definition().name, Arc::new(event))
+                .map_err(|e| HandlerError::with_kind(HandlerErrorKind::Decode, e))?;
+            let ctx = Arc::new(ctx);
+            if !process::call_filter(&*handler, &ctx)? {
+                return Ok(());
+            }
+            match H::handle(handler, ctx) {
+                Some(fut) => process::catch_panic(fut).await,
+                None => Ok(()),
+            }
+        }
+        .boxed()
     }
 }
 

@@ -1,0 +1,10 @@
+//! Checkpoints: the two persisted tokens of a stream, the store they live in, and the tracker
+//! that decides what may be written (only the contiguous settled prefix).
+
+mod model;
+mod store;
+mod tracker;
+
+pub use model::{Checkpoint, CheckpointParseError, StoredPosition};
+pub use store::CheckpointStore;
+pub(crate) use tracker::{Settlement, Tracker};

@@ -1,0 +1,237 @@
+//! The seen / in-flight / settled rule, in one place.
+//!
+//! Every position the engine receives is registered here in receive order. A position becomes
+//! checkpointable only when it and every position before it are settled (handled,
+//! dead-lettered, skipped by an explicit `ErrorAction::Skip`, filtered out, unrouted, or an
+//! idle post-batch token). The checkpoint is always the end of that contiguous settled prefix.
+
+use std::collections::VecDeque;
+
+use super::{Checkpoint, StoredPosition};
+
+/// How a position was settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settlement {
+    /// A handler finished successfully.
+    Handled,
+    /// The event was dead-lettered.
+    DeadLettered,
+    /// `ErrorAction::Skip`.
+    Skipped,
+    /// The client-side filter rejected it.
+    Filtered,
+    /// No handler takes this operation type.
+    Unrouted,
+    /// An idle post-batch token.
+    Idle,
+}
+
+impl Settlement {
+    /// Whether this settlement advances the processed token (FlowWarden's lastProcessedToken).
+    fn is_processed(self) -> bool {
+        matches!(self, Self::Handled | Self::DeadLettered | Self::Skipped)
+    }
+}
+
+/// A registered, not yet settled position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ticket(u64);
+
+#[derive(Debug)]
+struct Pending {
+    seq: u64,
+    position: StoredPosition,
+    settled: Option<Settlement>,
+}
+
+/// Tracks positions from receipt to settlement and yields what may be checkpointed.
+#[derive(Debug)]
+pub(crate) struct Tracker {
+    pending: VecDeque<Pending>,
+    next_seq: u64,
+    seen: Option<StoredPosition>,
+    processed: Option<StoredPosition>,
+    processed_since_save: u32,
+    dirty: bool,
+    /// Test-only: reintroduces the classic bug (a position counts as done on receipt).
+    checkpoint_on_receipt: bool,
+}
+
+impl Tracker {
+    /// Starts from the stored positions (so a flush never moves a checkpoint backwards).
+    pub(crate) fn new(
+        seen: Option<StoredPosition>,
+        processed: Option<StoredPosition>,
+        checkpoint_on_receipt: bool,
+    ) -> Self {
+        Self {
+            pending: VecDeque::new(),
+            next_seq: 0,
+            seen,
+            processed,
+            processed_since_save: 0,
+            dirty: false,
+            checkpoint_on_receipt,
+        }
+    }
+
+    /// Registers a received position (seen, not settled).
+    pub(crate) fn receive(&mut self, position: StoredPosition) -> Ticket {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if self.checkpoint_on_receipt {
+            // The bug the simulation must catch: "seen" treated as "done".
+            self.seen = Some(position.clone());
+            self.processed = Some(position.clone());
+            self.dirty = true;
+        }
+        self.pending.push_back(Pending {
+            seq,
+            position,
+            settled: None,
+        });
+        Ticket(seq)
+    }
+
+    /// Registers an idle post-batch position: settled, but it only takes effect once every
+    /// position received before it is settled.
+    pub(crate) fn receive_idle(&mut self, position: StoredPosition) {
+        let ticket = self.receive(position);
+        self.settle(ticket, Settlement::Idle);
+    }
+
+    /// Marks a received position settled and advances the settled prefix.
+    pub(crate) fn settle(&mut self, ticket: Ticket, how: Settlement) {
+        if let Some(p) = self.pending.iter_mut().find(|p| p.seq == ticket.0) {
+            p.settled = Some(how);
+        }
+        while let Some(front) = self.pending.front() {
+            let Some(how) = front.settled else { break };
+            let Some(done) = self.pending.pop_front() else { break };
+            if how.is_processed() {
+                self.processed = Some(done.position.clone());
+                self.processed_since_save += 1;
+            }
+            self.seen = Some(done.position);
+            self.dirty = true;
+        }
+    }
+
+    /// Forgets positions that were received but will never be settled in this session
+    /// (the cursor they came from is gone; they will be delivered again).
+    pub(crate) fn abandon_unsettled(&mut self) {
+        self.pending.retain(|p| p.settled.is_some());
+    }
+
+    /// Number of positions received and not yet part of the settled prefix.
+    pub(crate) fn unsettled(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The latest settled position: where to resume within this process.
+    pub(crate) fn settled_seen(&self) -> Option<&StoredPosition> {
+        self.seen.as_ref()
+    }
+
+    /// The latest settled handled position.
+    pub(crate) fn settled_processed(&self) -> Option<&StoredPosition> {
+        self.processed.as_ref()
+    }
+
+    /// Handled events settled since the last save.
+    pub(crate) fn processed_since_save(&self) -> u32 {
+        self.processed_since_save
+    }
+
+    /// Whether the settled prefix moved since the last save.
+    pub(crate) fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// The checkpoint to write now (the settled prefix only).
+    pub(crate) fn snapshot(&self, stream: &str, updated_at: bson::DateTime) -> Checkpoint {
+        Checkpoint {
+            stream: stream.to_owned(),
+            last_processed: self.processed.clone(),
+            last_seen: self.seen.clone(),
+            owner: None,
+            epoch: None,
+            updated_at,
+        }
+    }
+
+    /// Records that the snapshot was stored.
+    pub(crate) fn mark_saved(&mut self) {
+        self.processed_since_save = 0;
+        self.dirty = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::ResumeToken;
+
+    fn pos(n: u32) -> StoredPosition {
+        StoredPosition {
+            token: ResumeToken::from_document(bson::doc! {"_data": format!("{n:04X}")}),
+            cluster_time: None,
+            wall_time: None,
+            start_after: false,
+        }
+    }
+
+    fn data(p: Option<&StoredPosition>) -> Option<String> {
+        p.and_then(|p| p.token.data().map(str::to_owned))
+    }
+
+    #[test]
+    fn checkpoint_never_passes_an_unsettled_position() {
+        let mut t = Tracker::new(None, None, false);
+        let a = t.receive(pos(1));
+        let b = t.receive(pos(2));
+        t.settle(b, Settlement::Handled);
+        assert_eq!(data(t.settled_seen()), None, "b settled but a is in flight");
+        t.settle(a, Settlement::Handled);
+        assert_eq!(data(t.settled_seen()).as_deref(), Some("0002"));
+        assert_eq!(t.processed_since_save(), 2);
+    }
+
+    #[test]
+    fn filtered_and_idle_advance_seen_only() {
+        let mut t = Tracker::new(None, None, false);
+        let a = t.receive(pos(1));
+        t.settle(a, Settlement::Handled);
+        let b = t.receive(pos(2));
+        t.settle(b, Settlement::Filtered);
+        t.receive_idle(pos(3));
+        assert_eq!(data(t.settled_processed()).as_deref(), Some("0001"));
+        assert_eq!(data(t.settled_seen()).as_deref(), Some("0003"));
+    }
+
+    #[test]
+    fn idle_waits_for_earlier_in_flight() {
+        let mut t = Tracker::new(None, None, false);
+        let a = t.receive(pos(1));
+        t.receive_idle(pos(2));
+        assert_eq!(t.settled_seen(), None);
+        t.settle(a, Settlement::DeadLettered);
+        assert_eq!(data(t.settled_seen()).as_deref(), Some("0002"));
+    }
+
+    #[test]
+    fn abandoned_positions_do_not_block_or_advance() {
+        let mut t = Tracker::new(Some(pos(0)), None, false);
+        let _a = t.receive(pos(1));
+        t.abandon_unsettled();
+        assert_eq!(t.unsettled(), 0);
+        assert_eq!(data(t.settled_seen()).as_deref(), Some("0000"));
+    }
+
+    #[test]
+    fn the_classic_bug_switch_checkpoints_on_receipt() {
+        let mut t = Tracker::new(None, None, true);
+        let _a = t.receive(pos(1));
+        assert_eq!(data(t.settled_seen()).as_deref(), Some("0001"));
+    }
+}

@@ -1,0 +1,281 @@
+//! The life of one event after it is received: decode, filter, route, attempt, retry,
+//! dead-letter. Returns how the event was settled, or a halt that leaves it unsettled.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::DateTime;
+use futures::FutureExt;
+use tracing::{debug, error, warn};
+
+use super::metrics::StreamMetrics;
+use super::{EngineOptions, Rng};
+use crate::checkpoint::Settlement;
+use crate::context::ChangeContext;
+use crate::dead_letter::{DeadLetterRecord, DeadLetterStatus, DeadLetterStore, PutOutcome};
+use crate::definition::StreamDefinition;
+use crate::event::ChangeEvent;
+use crate::handler::{HandlerFuture, StreamHandler};
+use crate::handler_error::{ErrorAction, HandlerError, HandlerErrorKind};
+use crate::status::{Halt, HaltReason, StatusCell};
+use crate::store_error::StoreError;
+
+/// The result of processing one event.
+#[derive(Debug)]
+pub(crate) enum EventOutcome {
+    /// Settled; the checkpoint may move past it.
+    Settled {
+        how: Settlement,
+        save_now: bool,
+    },
+    /// The stream must halt; the event stays unsettled.
+    Halt(Halt),
+}
+
+/// What processing needs besides the handler and the event.
+pub(crate) struct ProcessCx<'a> {
+    pub(crate) def: &'static StreamDefinition,
+    pub(crate) dead_letters: Option<&'a Arc<dyn DeadLetterStore>>,
+    pub(crate) options: &'a EngineOptions,
+    pub(crate) metrics: &'a StreamMetrics,
+    pub(crate) status: &'a StatusCell,
+}
+
+/// Runs a handler attempt, turning a panic into a failure.
+pub(crate) async fn catch_panic(fut: HandlerFuture) -> Result<(), HandlerError> {
+    match AssertUnwindSafe(fut).catch_unwind().await {
+        Ok(result) => result,
+        Err(payload) => Err(super::panic_error(payload)),
+    }
+}
+
+/// Runs the filter, turning a panic into a failure.
+pub(crate) fn call_filter<H: StreamHandler>(
+    handler: &H,
+    ctx: &ChangeContext<H::Document>,
+) -> Result<bool, HandlerError> {
+    std::panic::catch_unwind(AssertUnwindSafe(|| handler.filter(ctx))).map_err(|payload| {
+        let mut e = super::panic_error(payload);
+        e = HandlerError::kind_msg(
+            HandlerErrorKind::Panicked,
+            format!("filter {}", e.chain().join(": ").trim_start_matches("handler ")),
+        );
+        e
+    })
+}
+
+fn on_error_action<H: StreamHandler>(
+    handler: &H,
+    err: &HandlerError,
+    ctx: &ChangeContext<H::Document>,
+) -> ErrorAction {
+    if !err.kind().is_retryable() {
+        return ErrorAction::DeadLetter;
+    }
+    match std::panic::catch_unwind(AssertUnwindSafe(|| handler.on_error(err, ctx))) {
+        Ok(Some(action)) => action,
+        Ok(None) => ErrorAction::Retry,
+        Err(_) => {
+            warn!(stream = ctx.stream_name(), "#[on_error] panicked; using the default action (retry)");
+            ErrorAction::Retry
+        }
+    }
+}
+
+fn retry_delay(def: &StreamDefinition, attempt: u32, rng: &mut Rng) -> Duration {
+    let base = def.retry.base_delay(attempt);
+    if def.retry.jitter {
+        base.mul_f64(0.5 + 0.5 * rng.next_f64())
+    } else {
+        base
+    }
+}
+
+/// Processes one received event to settlement (or halt).
+pub(crate) async fn process_event<H: StreamHandler>(
+    handler: &Arc<H>,
+    event: Arc<ChangeEvent>,
+    cx: &ProcessCx<'_>,
+    rng: &mut Rng,
+) -> EventOutcome {
+    let name = cx.def.name;
+    let ctx = match ChangeContext::<H::Document>::decode(name, event.clone()) {
+        Ok(ctx) => Arc::new(ctx),
+        Err(e) => {
+            let err = HandlerError::with_kind(HandlerErrorKind::Decode, e);
+            warn!(stream = name, token = %event.token(), error = %format!("{err:#}"), "undecodable event: dead-lettering it");
+            let now = DateTime::now();
+            return dead_letter_at(&event, &err, 1, now, cx).await;
+        }
+    };
+
+    let mut attempt: u32 = 1;
+    let mut first_failure: Option<DateTime> = None;
+    loop {
+        ctx.set_attempt(attempt);
+        let result = match call_filter(&**handler, &ctx) {
+            Ok(false) => {
+                cx.metrics.filtered.increment(1);
+                cx.status.update(|s| s.counters.filtered += 1);
+                return EventOutcome::Settled {
+                    how: Settlement::Filtered,
+                    save_now: false,
+                };
+            }
+            Ok(true) => match H::handle(handler.clone(), ctx.clone()) {
+                None => {
+                    debug!(stream = name, operation = %event.operation_type(), "no handler for this operation type");
+                    cx.metrics.unrouted.increment(1);
+                    cx.status.update(|s| s.counters.unrouted += 1);
+                    return EventOutcome::Settled {
+                        how: Settlement::Unrouted,
+                        save_now: false,
+                    };
+                }
+                Some(fut) => {
+                    let started = tokio::time::Instant::now();
+                    let r = catch_panic(fut).await;
+                    cx.metrics
+                        .handler_duration
+                        .record(started.elapsed().as_secs_f64());
+                    r
+                }
+            },
+            Err(e) => Err(e),
+        };
+
+        let err = match result {
+            Ok(()) => match ctx.take_dead_letter_request() {
+                None => {
+                    cx.metrics.handled.increment(1);
+                    cx.status.update(|s| s.counters.handled += 1);
+                    return EventOutcome::Settled {
+                        how: Settlement::Handled,
+                        save_now: ctx.take_save_request(),
+                    };
+                }
+                Some(reason) => {
+                    HandlerError::kind_msg(HandlerErrorKind::DeadLetterRequested, reason)
+                }
+            },
+            Err(e) => e,
+        };
+
+        let now = DateTime::now();
+        let first = *first_failure.get_or_insert(now);
+        let action = if err.kind() == HandlerErrorKind::DeadLetterRequested {
+            ErrorAction::DeadLetter
+        } else {
+            on_error_action(&**handler, &err, &ctx)
+        };
+        match action {
+            ErrorAction::Retry if attempt < cx.def.retry.max_attempts => {
+                let delay = retry_delay(cx.def, attempt, rng);
+                warn!(stream = name, event_id = %ctx.event_id(), attempt, error = %format!("{err:#}"), delay_ms = delay.as_millis() as u64, "handler failed; retrying");
+                cx.metrics.retried.increment(1);
+                cx.status.update(|s| s.counters.retried += 1);
+                tokio::time::sleep(delay).await;
+                attempt += 1;
+            }
+            ErrorAction::Retry | ErrorAction::DeadLetter => {
+                return dead_letter_at(&event, &err, attempt, first, cx).await;
+            }
+            ErrorAction::Skip => {
+                warn!(stream = name, event_id = %ctx.event_id(), operation = %event.operation_type(), error = %format!("{err:#}"), "event skipped by #[on_error] (ErrorAction::Skip)");
+                cx.metrics.skipped.increment(1);
+                cx.status.update(|s| s.counters.skipped += 1);
+                return EventOutcome::Settled {
+                    how: Settlement::Skipped,
+                    save_now: false,
+                };
+            }
+            ErrorAction::Halt => {
+                return EventOutcome::Halt(Halt {
+                    reason: HaltReason::HaltRequested,
+                    message: format!(
+                        "stream '{name}' halted by #[on_error] on event {} ({}): {err:#}",
+                        ctx.event_id(),
+                        event.operation_type()
+                    ),
+                    runbook: HaltReason::HaltRequested.runbook(),
+                });
+            }
+        }
+    }
+}
+
+async fn dead_letter_at(
+    event: &ChangeEvent,
+    err: &HandlerError,
+    attempts: u32,
+    first_failed_at: DateTime,
+    cx: &ProcessCx<'_>,
+) -> EventOutcome {
+    let name = cx.def.name;
+    let Some(store) = cx.dead_letters else {
+        let halt = Halt {
+            reason: HaltReason::NoDeadLetterStore,
+            message: format!(
+                "stream '{name}': event {} ({}) failed after {attempts} attempt(s) and no dead-letter store is configured, so it cannot be set aside; the stream halts and the event will be delivered again on restart. Last error: {err:#}",
+                event.token(),
+                event.operation_type()
+            ),
+            runbook: HaltReason::NoDeadLetterStore.runbook(),
+        };
+        error!(stream = name, "{halt}");
+        return EventOutcome::Halt(halt);
+    };
+    let mut record = DeadLetterRecord {
+        id: DeadLetterRecord::id_for(name, event.token()),
+        stream: name.to_owned(),
+        event: event.raw().clone(),
+        truncated: false,
+        token: event.token().clone(),
+        operation_type: event.operation_type().as_str().to_owned(),
+        document_key: event.document_key().cloned(),
+        error_chain: err.chain(),
+        error_kind: format!("{:?}", err.kind()),
+        attempts,
+        first_failed_at,
+        last_failed_at: DateTime::now(),
+        status: DeadLetterStatus::Pending,
+    };
+    record.truncate_to(store.max_record_bytes());
+    let tries = cx.options.dead_letter_write_attempts.max(1);
+    let mut last_err: Option<StoreError> = None;
+    for attempt in 1..=tries {
+        match store.put(&record).await {
+            Ok(outcome) => {
+                if outcome == PutOutcome::AlreadyPresent {
+                    debug!(stream = name, id = %record.id, "dead-letter record already present (redelivery)");
+                }
+                error!(stream = name, id = %record.id, operation = %record.operation_type, attempts, error = %format!("{err:#}"), truncated = record.truncated, "event dead-lettered");
+                cx.metrics.dead_lettered.increment(1);
+                cx.status.update(|s| s.counters.dead_lettered += 1);
+                return EventOutcome::Settled {
+                    how: Settlement::DeadLettered,
+                    save_now: false,
+                };
+            }
+            Err(e) => {
+                warn!(stream = name, id = %record.id, attempt, error = %e, "dead-letter write failed; the event stays unsettled");
+                last_err = Some(e);
+                if attempt < tries {
+                    tokio::time::sleep(cx.def.restart.delay(attempt)).await;
+                }
+            }
+        }
+    }
+    let halt = Halt {
+        reason: HaltReason::DeadLetterStoreFailed,
+        message: format!(
+            "stream '{name}': could not store the dead-letter record for event {} after {tries} attempt(s) ({}); the event is not settled and will be delivered again on restart",
+            event.token(),
+            last_err.map(|e| e.to_string()).unwrap_or_default()
+        ),
+        runbook: HaltReason::DeadLetterStoreFailed.runbook(),
+    };
+    error!(stream = name, "{halt}");
+    EventOutcome::Halt(halt)
+}

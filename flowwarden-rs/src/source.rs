@@ -1,0 +1,148 @@
+//! The change source: where events come from (MongoDB, the in-memory backend, a simulation).
+//!
+//! The engine opens a cursor at a position it chooses (never the driver), reads events and
+//! idle ticks from it in one task, and classifies every error by [`SourceErrorKind`].
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bson::{Document, Timestamp};
+
+use crate::definition::{FullDocument, FullDocumentBeforeChange};
+use crate::event::ResumeToken;
+
+/// What to watch and how: everything a source needs to open a cursor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WatchSpec {
+    /// The stream's name (for logs and errors).
+    pub stream: &'static str,
+    /// Database; `None` means the backend's default database.
+    pub database: Option<String>,
+    /// Collection.
+    pub collection: String,
+    /// Server-side stages after `$changeStream`.
+    pub pipeline: Vec<Document>,
+    /// `fullDocument` option.
+    pub full_document: FullDocument,
+    /// `fullDocumentBeforeChange` option.
+    pub full_document_before_change: FullDocumentBeforeChange,
+    /// Events per batch the source should ask for.
+    pub batch_size: u32,
+    /// How long one read may wait on an idle stream before it reports an idle tick.
+    pub max_await: Duration,
+}
+
+/// Where to open a cursor.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StartAt {
+    /// Just after the event (or post-batch position) with this token.
+    ResumeAfter(ResumeToken),
+    /// Just after this token, which may be an invalidate's (`startAfter`).
+    StartAfter(ResumeToken),
+    /// At this operation time (`startAtOperationTime`).
+    OperationTime(Timestamp),
+    /// At the current head: only later changes.
+    Now,
+    /// At the oldest retained history entry.
+    OldestAvailable,
+}
+
+impl fmt::Display for StartAt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartAt::ResumeAfter(t) => write!(f, "resumeAfter {t}"),
+            StartAt::StartAfter(t) => write!(f, "startAfter {t}"),
+            StartAt::OperationTime(ts) => write!(f, "startAtOperationTime {}.{}", ts.time, ts.increment),
+            StartAt::Now => f.write_str("now"),
+            StartAt::OldestAvailable => f.write_str("the oldest retained entry"),
+        }
+    }
+}
+
+/// One thing a cursor yields.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceItem {
+    /// A raw change event, exactly as the server shapes it.
+    Event(Document),
+    /// The cursor read a batch with no events; the token is the post-batch resume token: a
+    /// position at or after everything the server scanned, safe to resume after.
+    Idle(Option<ResumeToken>),
+}
+
+/// How the engine must treat a source error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceErrorKind {
+    /// Transient (network, step-down, shutdown, cursor lost, auth hiccup): re-open from the
+    /// settled position after the restart backoff.
+    Resumable,
+    /// The requested position is older than the retained history.
+    HistoryLost,
+    /// The token cannot be used to resume (for example `resumeAfter` an invalidate).
+    InvalidToken,
+    /// The server cannot continue this stream (for example code 280).
+    Fatal,
+    /// An event is larger than the server can return (code 10334).
+    TooLarge,
+    /// The stream definition is not acceptable to this source (for example an unsupported
+    /// pipeline stage): fix the code.
+    Configuration,
+}
+
+/// An error from a change source.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+#[error("{kind:?} source error{}: {message}", code.map(|c| format!(" (code {c})")).unwrap_or_default())]
+pub struct SourceError {
+    /// Classification.
+    pub kind: SourceErrorKind,
+    /// The server's (or backend's) message.
+    pub message: String,
+    /// The server's error code, when there is one.
+    pub code: Option<i32>,
+}
+
+impl SourceError {
+    /// A new error.
+    pub fn new(kind: SourceErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            code: None,
+        }
+    }
+
+    /// Attaches the server's code.
+    pub fn with_code(mut self, code: i32) -> Self {
+        self.code = Some(code);
+        self
+    }
+}
+
+/// A source of change events.
+#[async_trait]
+pub trait ChangeSource: Send + Sync + 'static {
+    /// Opens a cursor for `spec` at `at`.
+    async fn open(
+        &self,
+        spec: &WatchSpec,
+        at: StartAt,
+    ) -> Result<Box<dyn ChangeCursor>, SourceError>;
+
+    /// A short description for logs (`in-memory`, a redacted URI...).
+    fn describe(&self) -> String;
+}
+
+/// An open cursor. The engine reads it from one task only and never drops a pending `next()`
+/// it intends to continue (a cursor whose read was abandoned is discarded).
+#[async_trait]
+pub trait ChangeCursor: Send {
+    /// The next event, or an idle tick after an empty batch; `Ok(None)` once the cursor is
+    /// closed by the server (after an invalidate).
+    async fn next(&mut self) -> Result<Option<SourceItem>, SourceError>;
+
+    /// A position at which the cursor starts (for a cursor opened at "now" or at the oldest
+    /// entry): resuming after it later continues without a gap even if no event was read.
+    fn initial_position(&self) -> Option<ResumeToken> {
+        None
+    }
+}

@@ -1,0 +1,186 @@
+//! What the runtime reports about each stream.
+
+use std::sync::Mutex;
+
+use bson::DateTime;
+
+/// The life cycle of a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StreamState {
+    /// Loading its checkpoint and opening the source.
+    Starting,
+    /// Reading and handling events.
+    Running,
+    /// Re-opening the source after an error, per the restart backoff.
+    Resuming,
+    /// Not running: stopped on request, never started, or halted (see `halt`).
+    Stopped,
+    /// Halted because every stored position is older than the retained history and
+    /// `on_history_lost = Fail`.
+    HistoryLost,
+}
+
+/// Why a stream halted, with the runbook an operator follows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Halt {
+    /// The class of the halt.
+    pub reason: HaltReason,
+    /// What happened, naming the stream.
+    pub message: String,
+    /// The runbook to follow (a path under `docs/runbooks/`).
+    pub runbook: &'static str,
+}
+
+impl std::fmt::Display for Halt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (runbook: {})", self.message, self.runbook)
+    }
+}
+
+/// The classes of halts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HaltReason {
+    /// Every stored position is older than the retained history (`on_history_lost = Fail`).
+    HistoryLost,
+    /// The watched collection was dropped or renamed.
+    Invalidated,
+    /// The stored checkpoint does not parse.
+    CorruptCheckpoint,
+    /// Retries were exhausted and no dead-letter store is configured.
+    NoDeadLetterStore,
+    /// The dead-letter store refused the record repeatedly.
+    DeadLetterStoreFailed,
+    /// `#[on_error]` returned `ErrorAction::Halt`.
+    HaltRequested,
+    /// The source reported an unrecoverable error (for example code 280).
+    SourceFatal,
+    /// The source stayed unreachable past `#[restart(max_attempts)]`.
+    SourceUnavailable,
+    /// An event was larger than the server can return.
+    EventTooLarge,
+    /// The stream's definition is not acceptable to the source (for example its pipeline).
+    Configuration,
+    /// A write was rejected because another instance took over the stream.
+    Fenced,
+}
+
+impl HaltReason {
+    /// The runbook for this class of halt.
+    pub fn runbook(self) -> &'static str {
+        match self {
+            Self::HistoryLost => "docs/runbooks/history-lost.md",
+            Self::Invalidated => "docs/runbooks/invalidate.md",
+            Self::CorruptCheckpoint => "docs/runbooks/corrupt-checkpoint.md",
+            Self::NoDeadLetterStore | Self::HaltRequested | Self::DeadLetterStoreFailed => {
+                "docs/runbooks/handler-failures.md"
+            }
+            Self::SourceFatal | Self::Configuration => "docs/runbooks/source-fatal.md",
+            Self::SourceUnavailable => "docs/runbooks/source-unavailable.md",
+            Self::EventTooLarge => "docs/runbooks/event-too-large.md",
+            Self::Fenced => "docs/runbooks/fenced.md",
+        }
+    }
+}
+
+/// Counters of one stream since the runtime started.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamCounters {
+    /// Events received from the source.
+    pub received: u64,
+    /// Events handled successfully.
+    pub handled: u64,
+    /// Events rejected by the filter.
+    pub filtered: u64,
+    /// Events no handler takes.
+    pub unrouted: u64,
+    /// Handler attempts that were retried.
+    pub retried: u64,
+    /// Events dead-lettered.
+    pub dead_lettered: u64,
+    /// Events settled by `ErrorAction::Skip`.
+    pub skipped: u64,
+    /// Events received again after they were settled in this process (at-least-once).
+    pub redelivered: u64,
+    /// Source re-opens after errors.
+    pub restarts: u64,
+    /// Gaps accepted under `on_history_lost = ResumeFromOplogStart | ResumeFromNow`.
+    pub history_lost: u64,
+    /// Checkpoints written.
+    pub checkpoints_saved: u64,
+    /// Checkpoint writes that failed.
+    pub checkpoint_failures: u64,
+}
+
+/// A snapshot of one stream's status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamStatus {
+    /// The stream's name.
+    pub name: &'static str,
+    /// Its state.
+    pub state: StreamState,
+    /// Wall time of the last event received.
+    pub last_event_at: Option<DateTime>,
+    /// Why it halted, when it did.
+    pub halt: Option<Halt>,
+    /// Counters.
+    pub counters: StreamCounters,
+}
+
+/// The shared, updatable status of one stream.
+#[derive(Debug)]
+pub(crate) struct StatusCell {
+    inner: Mutex<StreamStatus>,
+    changed: tokio::sync::Notify,
+}
+
+impl StatusCell {
+    pub(crate) fn new(name: &'static str) -> Self {
+        Self {
+            inner: Mutex::new(StreamStatus {
+                name,
+                state: StreamState::Stopped,
+                last_event_at: None,
+                halt: None,
+                counters: StreamCounters::default(),
+            }),
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> StreamStatus {
+        match self.inner.lock() {
+            Ok(s) => s.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub(crate) fn update(&self, f: impl FnOnce(&mut StreamStatus)) {
+        match self.inner.lock() {
+            Ok(mut s) => f(&mut s),
+            Err(poisoned) => f(&mut poisoned.into_inner()),
+        }
+        self.changed.notify_waiters();
+    }
+
+    pub(crate) fn set_state(&self, state: StreamState) {
+        self.update(|s| {
+            s.state = state;
+            if matches!(state, StreamState::Starting) {
+                s.halt = None;
+            }
+        });
+    }
+
+    pub(crate) async fn wait_until(&self, pred: impl Fn(&StreamStatus) -> bool) -> StreamStatus {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let snap = self.snapshot();
+            if pred(&snap) {
+                return snap;
+            }
+            notified.await;
+        }
+    }
+}
