@@ -9,6 +9,7 @@
 #[allow(unused_extern_crates)]
 extern crate self as flowwarden;
 
+pub mod backend;
 pub mod checkpoint;
 pub mod context;
 pub mod dead_letter;
@@ -18,7 +19,9 @@ pub mod event;
 pub mod handler;
 pub mod handler_error;
 pub mod matcher;
+pub mod memory;
 pub(crate) mod registry;
+pub mod runtime;
 pub mod source;
 pub mod status;
 pub mod store_error;
@@ -40,6 +43,9 @@ pub use dead_letter::{DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadL
 pub use source::{ChangeCursor, ChangeSource, SourceError, SourceErrorKind, SourceItem, StartAt, WatchSpec};
 pub use status::{Halt, HaltReason, StreamCounters, StreamState, StreamStatus};
 pub use store_error::{StoreError, StoreErrorKind};
+pub use backend::Backend;
+pub use memory::MemoryBackend;
+pub use runtime::{builder, run, Builder, ControlError, DeadLetterError, DeadLetters, RunError, Runtime, RuntimeHandle, StartupError};
 
 #[doc(inline)]
 pub use flowwarden_rs_macros::{change_stream, checkpoint, on_change, on_delete, on_error, on_insert, on_replace, on_update, pipeline, filter, restart, retry};

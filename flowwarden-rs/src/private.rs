@@ -85,3 +85,4 @@ impl<H: StreamHandler> ViaNothing for &Probe<H> {
         None
     }
 }
+pub use crate::backend::{Backend, BackendProvider};

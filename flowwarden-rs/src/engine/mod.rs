@@ -14,7 +14,6 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use crate::checkpoint::CheckpointStore;
 use crate::context::ChangeContext;
@@ -62,7 +61,7 @@ pub(crate) enum StreamExit {
 /// A stream with its handler type erased.
 pub(crate) trait ErasedStream: Send + Sync + 'static {
     fn definition(&self) -> &'static StreamDefinition;
-    fn spawn(&self, env: StreamEnv) -> JoinHandle<StreamExit>;
+    fn run(&self, env: StreamEnv) -> BoxFuture<'static, StreamExit>;
     fn replay(&self, raw: bson::Document) -> BoxFuture<'static, Result<(), HandlerError>>;
 }
 
@@ -84,8 +83,8 @@ impl<H: StreamHandler> ErasedStream for TypedStream<H> {
         H::definition()
     }
 
-    fn spawn(&self, env: StreamEnv) -> JoinHandle<StreamExit> {
-        tokio::spawn(worker::run_stream(self.handler.clone(), env))
+    fn run(&self, env: StreamEnv) -> BoxFuture<'static, StreamExit> {
+        worker::run_stream(self.handler.clone(), env).boxed()
     }
 
     fn replay(&self, raw: bson::Document) -> BoxFuture<'static, Result<(), HandlerError>> {

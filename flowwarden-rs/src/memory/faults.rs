@@ -1,0 +1,116 @@
+//! Fault injection for the in-memory backend. Every fault is deterministic: it applies to the
+//! next operations of its kind, in order, with no randomness.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::MemoryBackend;
+use crate::source::{SourceError, SourceErrorKind};
+
+#[derive(Debug, Default)]
+pub(crate) struct FaultState {
+    pub(crate) fail_reads: VecDeque<SourceError>,
+    pub(crate) fail_opens: VecDeque<SourceError>,
+    pub(crate) close_generation: u64,
+    pub(crate) open_generation: u64,
+    pub(crate) rewind: Option<(u64, u64)>,
+    pub(crate) read_delay: Option<Duration>,
+    pub(crate) checkpoint_save_failures: u32,
+    pub(crate) checkpoint_load_failures: u32,
+    pub(crate) checkpoint_save_delay: Option<Duration>,
+    pub(crate) dead_letter_put_failures: u32,
+    pub(crate) opens: u64,
+}
+
+/// Injects faults into a [`MemoryBackend`]. Obtained with [`MemoryBackend::faults`].
+#[derive(Clone)]
+pub struct Faults {
+    backend: MemoryBackend,
+}
+
+impl Faults {
+    pub(crate) fn new(backend: MemoryBackend) -> Self {
+        Self { backend }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut FaultState) -> R) -> R {
+        let r = f(&mut self.backend.lock().faults);
+        // Wake idle readers so they observe the fault now.
+        self.backend.notify_appended();
+        r
+    }
+
+    /// The next `n` cursor reads fail with a resumable error (like a step-down or a network
+    /// error on `getMore`).
+    pub fn fail_next_reads(&self, n: usize) {
+        self.fail_next_reads_with(n, SourceErrorKind::Resumable, "injected resumable read error");
+    }
+
+    /// The next `n` cursor reads fail with an error of this kind.
+    pub fn fail_next_reads_with(&self, n: usize, kind: SourceErrorKind, message: &str) {
+        self.with(|f| {
+            for _ in 0..n {
+                f.fail_reads.push_back(SourceError::new(kind, message));
+            }
+        });
+    }
+
+    /// The next `n` cursor opens fail with an error of this kind.
+    pub fn fail_next_opens(&self, n: usize, kind: SourceErrorKind, message: &str) {
+        self.with(|f| {
+            for _ in 0..n {
+                f.fail_opens.push_back(SourceError::new(kind, message));
+            }
+        });
+    }
+
+    /// Every cursor open now fails its next read with a resumable "cursor killed" error.
+    pub fn close_streams(&self) {
+        self.with(|f| f.close_generation = f.open_generation);
+    }
+
+    /// Every cursor open now moves back by `events` oplog entries at its next read, the way a
+    /// driver that resumed from an older cached token redelivers events.
+    pub fn rewind_cursors(&self, events: u64) {
+        self.with(|f| f.rewind = Some((f.open_generation, events)));
+    }
+
+    /// Every cursor read waits this long first (`None` to clear).
+    pub fn set_read_delay(&self, delay: Option<Duration>) {
+        self.with(|f| f.read_delay = delay);
+    }
+
+    /// Drops every oplog entry except the last `keep` (positions before them answer
+    /// "history lost").
+    pub fn truncate_history(&self, keep: usize) {
+        let mut st = self.backend.lock();
+        while st.oplog.len() > keep {
+            st.oplog.pop_front();
+        }
+    }
+
+    /// The next `n` checkpoint writes fail with an "unavailable" store error.
+    pub fn fail_next_checkpoint_saves(&self, n: u32) {
+        self.with(|f| f.checkpoint_save_failures += n);
+    }
+
+    /// The next `n` checkpoint loads fail with an "unavailable" store error.
+    pub fn fail_next_checkpoint_loads(&self, n: u32) {
+        self.with(|f| f.checkpoint_load_failures += n);
+    }
+
+    /// Every checkpoint write takes this long (`None` to clear).
+    pub fn set_checkpoint_save_delay(&self, delay: Option<Duration>) {
+        self.with(|f| f.checkpoint_save_delay = delay);
+    }
+
+    /// The next `n` dead-letter writes fail with an "unavailable" store error.
+    pub fn fail_next_dead_letter_puts(&self, n: u32) {
+        self.with(|f| f.dead_letter_put_failures += n);
+    }
+
+    /// How many cursors were opened so far (to assert re-opens).
+    pub fn opens(&self) -> u64 {
+        self.backend.lock().faults.opens
+    }
+}

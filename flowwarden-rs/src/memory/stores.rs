@@ -1,0 +1,122 @@
+//! The checkpoint and dead-letter stores of the in-memory backend.
+
+use async_trait::async_trait;
+
+use super::MemoryBackend;
+use crate::checkpoint::{Checkpoint, CheckpointStore};
+use crate::dead_letter::{
+    encoded_len, DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadLetterStore, PutOutcome,
+};
+use crate::store_error::{StoreError, StoreErrorKind};
+
+fn unavailable(what: &str) -> StoreError {
+    StoreError::new(StoreErrorKind::Unavailable, format!("{what} (injected fault)"))
+}
+
+#[async_trait]
+impl CheckpointStore for MemoryBackend {
+    async fn load(&self, stream: &str) -> Result<Option<Checkpoint>, StoreError> {
+        let doc = {
+            let mut st = self.lock();
+            if st.faults.checkpoint_load_failures > 0 {
+                st.faults.checkpoint_load_failures -= 1;
+                return Err(unavailable("checkpoint load failed"));
+            }
+            st.checkpoints.get(stream).cloned()
+        };
+        match doc {
+            None => Ok(None),
+            Some(d) => Checkpoint::from_document(&d)
+                .map(Some)
+                .map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e.to_string())),
+        }
+    }
+
+    async fn save(&self, checkpoint: &Checkpoint) -> Result<(), StoreError> {
+        let delay = {
+            let mut st = self.lock();
+            if st.faults.checkpoint_save_failures > 0 {
+                st.faults.checkpoint_save_failures -= 1;
+                return Err(unavailable("checkpoint write failed"));
+            }
+            st.faults.checkpoint_save_delay
+        };
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
+        self.lock()
+            .checkpoints
+            .insert(checkpoint.stream.clone(), checkpoint.to_document());
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl DeadLetterStore for MemoryBackend {
+    async fn put(&self, record: &DeadLetterRecord) -> Result<PutOutcome, StoreError> {
+        let mut st = self.lock();
+        if st.faults.dead_letter_put_failures > 0 {
+            st.faults.dead_letter_put_failures -= 1;
+            return Err(unavailable("dead-letter write failed"));
+        }
+        let doc = record.to_document();
+        if encoded_len(&doc) > st.dead_letter_max_bytes {
+            return Err(StoreError::new(
+                StoreErrorKind::TooLarge,
+                format!("dead-letter record '{}' exceeds {} bytes", record.id, st.dead_letter_max_bytes),
+            ));
+        }
+        if let Some(existing) = st.dead_letters.get_mut(&record.id) {
+            let mut merged = DeadLetterRecord::from_document(existing)?;
+            merged.attempts = merged.attempts.saturating_add(record.attempts);
+            merged.last_failed_at = record.last_failed_at;
+            merged.error_chain = record.error_chain.clone();
+            merged.status = DeadLetterStatus::Pending;
+            *existing = merged.to_document();
+            return Ok(PutOutcome::AlreadyPresent);
+        }
+        st.dead_letters.insert(record.id.clone(), doc);
+        Ok(PutOutcome::Inserted)
+    }
+
+    async fn list(&self, query: &DeadLetterQuery) -> Result<Vec<DeadLetterRecord>, StoreError> {
+        let st = self.lock();
+        let mut out = Vec::new();
+        for d in st.dead_letters.values() {
+            let r = DeadLetterRecord::from_document(d)?;
+            if query.stream.as_ref().is_some_and(|s| *s != r.stream) {
+                continue;
+            }
+            if query.status.is_some_and(|s| s != r.status) {
+                continue;
+            }
+            out.push(r);
+        }
+        out.sort_by(|a, b| (a.first_failed_at, &a.id).cmp(&(b.first_failed_at, &b.id)));
+        if let Some(limit) = query.limit {
+            out.truncate(limit);
+        }
+        Ok(out)
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<DeadLetterRecord>, StoreError> {
+        let st = self.lock();
+        st.dead_letters
+            .get(id)
+            .map(DeadLetterRecord::from_document)
+            .transpose()
+    }
+
+    async fn set_status(&self, id: &str, status: DeadLetterStatus) -> Result<bool, StoreError> {
+        let mut st = self.lock();
+        let Some(d) = st.dead_letters.get_mut(id) else {
+            return Ok(false);
+        };
+        d.insert("status", status.as_str());
+        Ok(true)
+    }
+
+    fn max_record_bytes(&self) -> usize {
+        self.lock().dead_letter_max_bytes
+    }
+}
