@@ -76,8 +76,17 @@ pub struct AnyStream {
 impl AnyStream {
     /// Wraps a constructed handler instance.
     pub fn new<H: StreamHandler>(handler: H) -> Self {
+        Self::with_definition(handler, H::definition())
+    }
+
+    /// Wraps a handler instance with a definition other than its declared one (for tests and
+    /// simulations that vary settings, or for running one handler type as several streams).
+    pub fn with_definition<H: StreamHandler>(
+        handler: H,
+        definition: &'static StreamDefinition,
+    ) -> Self {
         Self {
-            inner: Arc::new(crate::engine::TypedStream::new(handler)),
+            inner: Arc::new(crate::engine::TypedStream::new(handler, definition)),
             type_id: TypeId::of::<H>(),
         }
     }

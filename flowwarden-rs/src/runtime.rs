@@ -606,6 +606,23 @@ impl RuntimeHandle {
         info!("flowwarden shut down");
     }
 
+    /// Test-only: simulates a process crash. Every stream task is aborted where it stands:
+    /// no handler is awaited and no checkpoint is flushed.
+    #[doc(hidden)]
+    pub async fn __crash(&self) {
+        let _ = self.inner.shutdown.send(true);
+        let tasks: Vec<JoinHandle<StreamExit>> = self
+            .inner
+            .lock_slots()
+            .values_mut()
+            .filter_map(|slot| slot.task.take())
+            .collect();
+        for task in tasks {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
     fn all_halted(&self) -> Option<Vec<Halt>> {
         let slots = self.inner.lock_slots();
         let started: Vec<&Slot> = slots.values().filter(|s| s.task.is_some()).collect();

@@ -68,31 +68,34 @@ pub(crate) trait ErasedStream: Send + Sync + 'static {
 /// The typed side of [`ErasedStream`].
 pub(crate) struct TypedStream<H: StreamHandler> {
     handler: Arc<H>,
+    def: &'static StreamDefinition,
 }
 
 impl<H: StreamHandler> TypedStream<H> {
-    pub(crate) fn new(handler: H) -> Self {
+    pub(crate) fn new(handler: H, def: &'static StreamDefinition) -> Self {
         Self {
             handler: Arc::new(handler),
+            def,
         }
     }
 }
 
 impl<H: StreamHandler> ErasedStream for TypedStream<H> {
     fn definition(&self) -> &'static StreamDefinition {
-        H::definition()
+        self.def
     }
 
     fn run(&self, env: StreamEnv) -> BoxFuture<'static, StreamExit> {
-        worker::run_stream(self.handler.clone(), env).boxed()
+        worker::run_stream(self.handler.clone(), self.def, env).boxed()
     }
 
     fn replay(&self, raw: bson::Document) -> BoxFuture<'static, Result<(), HandlerError>> {
         let handler = self.handler.clone();
+        let name = self.def.name;
         async move {
             let event = ChangeEvent::from_raw(raw)
                 .map_err(|e| HandlerError::kind_msg(HandlerErrorKind::Decode, e))?;
-            let ctx = ChangeContext::<H::Document>::decode(H::definition().name, Arc::new(event))
+            let ctx = ChangeContext::<H::Document>::decode(name, Arc::new(event))
                 .map_err(|e| HandlerError::with_kind(HandlerErrorKind::Decode, e))?;
             let ctx = Arc::new(ctx);
             if !process::call_filter(&*handler, &ctx)? {

@@ -26,8 +26,11 @@ use crate::status::{Halt, HaltReason, StatusCell, StreamState};
 use crate::store_error::StoreErrorKind;
 
 /// Runs one stream until it is stopped or halts.
-pub(crate) async fn run_stream<H: StreamHandler>(handler: Arc<H>, env: StreamEnv) -> StreamExit {
-    let def = H::definition();
+pub(crate) async fn run_stream<H: StreamHandler>(
+    handler: Arc<H>,
+    def: &'static StreamDefinition,
+    env: StreamEnv,
+) -> StreamExit {
     let span = tracing::info_span!("stream", stream = def.name);
     let worker = Worker {
         handler,
