@@ -48,8 +48,8 @@ fn check_document_availability(cx: &Ctxt, s: &Stream, h: &Handler) {
     };
     let optional = doc.kind == ParamKind::OptionalDocument;
     if s.document.is_none() {
-        cx.error_at(
-            doc.span,
+        cx.error_spanned_by(
+            &doc.ty,
             format!(
                 "`{}` asks for the document, but the stream declares no document type: add `document = MyType` to #[change_stream(..)], or take only the context and read `ctx.document()` (a `bson::Document`)",
                 h.ident
@@ -60,8 +60,8 @@ fn check_document_availability(cx: &Ctxt, s: &Stream, h: &Handler) {
     for r in &h.roles {
         match r.role {
             Role::OnDelete => {
-                cx.error_at(
-                    doc.span,
+                cx.error_spanned_by(
+                    &doc.ty,
                     format!(
                         "#[on_delete] handler `{}` asks for the document, but a delete event never carries it: take only the context and use `ctx.document_key()` (and `ctx.document_before_change()` with `full_document_before_change`)",
                         h.ident
@@ -69,8 +69,8 @@ fn check_document_availability(cx: &Ctxt, s: &Stream, h: &Handler) {
                 );
             }
             Role::OnChange if !optional => {
-                cx.error_at(
-                    doc.span,
+                cx.error_spanned_by(
+                    &doc.ty,
                     format!(
                         "#[on_change] handler `{}` takes `T`, but most operations it catches (delete, drop, rename, invalidate..) carry no document: take `Option<T>`, or only the context",
                         h.ident
@@ -79,15 +79,15 @@ fn check_document_availability(cx: &Ctxt, s: &Stream, h: &Handler) {
             }
             Role::OnUpdate if !optional => match s.full_document {
                 FullDocument::UpdateLookup | FullDocument::Required => {}
-                FullDocument::WhenAvailable => cx.error_at(
-                    doc.span,
+                FullDocument::WhenAvailable => cx.error_spanned_by(
+                    &doc.ty,
                     format!(
                         "#[on_update] handler `{}` takes `T`, but with `full_document = \"whenAvailable\"` an update may come without its document: take `Option<T>`, or set `full_document = \"required\"`",
                         h.ident
                     ),
                 ),
-                FullDocument::Default => cx.error_at(
-                    doc.span,
+                FullDocument::Default => cx.error_spanned_by(
+                    &doc.ty,
                     format!(
                         "#[on_update] handler `{}` asks for the document, but updates carry it only when the stream requests it: add `full_document = \"updateLookup\"` (or \"required\") to #[change_stream(..)], or take only the context and read `ctx.update_description()`",
                         h.ident

@@ -6,7 +6,7 @@
 //! Calls into user methods carry the span of the user's return type, so rustc's type errors
 //! (and the `on_unimplemented` hints of the runtime's traits) land on the user's code.
 
-use proc_macro2::{Literal, Span, TokenStream};
+use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned as _;
 use syn::{Path, Type, TypePath};
@@ -16,11 +16,6 @@ use crate::model::{
     StartPosition, Stream,
 };
 use crate::sig::ParamKind;
-
-/// A span at `at` that resolves names like the macro's own tokens.
-fn at(span: Span) -> Span {
-    Span::call_site().located_at(span)
-}
 
 /// `<crate>::__private`.
 fn private(krate: &Path) -> TokenStream {
@@ -141,7 +136,7 @@ fn definition(s: &Stream) -> TokenStream {
     let collection = match &s.collection {
         Collection::Named(c) => quote!(#c),
         Collection::FromDocument(t) => {
-            let span = at(t.span());
+            let span = t.span();
             quote_spanned!(span=> <#t as #p::CollectionName>::COLLECTION)
         }
     };
@@ -259,14 +254,16 @@ fn pipeline(s: &Stream) -> TokenStream {
     let p = private(&s.krate);
     let self_ty = &s.self_ty;
     let ident = &h.ident;
-    let span = at(h.sig.ret_span);
-    let check = quote_spanned! {span=>
-        let __fw_stages: #p::std::vec::Vec<#p::bson::Document> = <#self_ty>::#ident();
+    let ret = &h.sig.ret;
+    let span = ret.span();
+    // The bound `#ret: PipelineStages` is checked on the user's return type.
+    let convert = quote_spanned! {span=>
+        <#ret as #p::PipelineStages>::into_stages(__fw_stages)
     };
     quote! {
         fn pipeline() -> #p::std::vec::Vec<#p::bson::Document> {
-            #check
-            __fw_stages
+            let __fw_stages: #ret = <#self_ty>::#ident();
+            #convert
         }
     }
 }
@@ -278,7 +275,7 @@ fn filter(s: &Stream) -> TokenStream {
     let p = private(&s.krate);
     let self_ty = &s.self_ty;
     let ident = &h.ident;
-    let span = at(h.sig.ret_span);
+    let span = h.sig.ret.span();
     let check = quote_spanned! {span=>
         let __fw_keep: ::core::primitive::bool = <#self_ty>::#ident(self, __fw_ctx);
     };
@@ -297,7 +294,7 @@ fn on_error(s: &Stream) -> TokenStream {
     let p = private(&s.krate);
     let self_ty = &s.self_ty;
     let ident = &h.ident;
-    let span = at(h.sig.ret_span);
+    let span = h.sig.ret.span();
     let check = quote_spanned! {span=>
         let __fw_action: #p::ErrorAction = <#self_ty>::#ident(self, __fw_error, __fw_ctx);
     };
@@ -343,24 +340,47 @@ fn invoke(s: &Stream, h: &Handler) -> TokenStream {
         _ => quote!(__fw_doc),
     });
     let call = quote!(<#self_ty>::#ident(&*self, #(#args),*));
-    let span = at(h.sig.ret_span);
-    let convert = quote_spanned! {span=>
-        #p::IntoHandlerResult::into_handler_result(__fw_ret)
+    let call = if h.sig.is_async {
+        quote!(#call.await)
+    } else {
+        call
+    };
+    // The bound `#ret: IntoHandlerResult` is checked on the user's return type, so rustc's
+    // error (with the trait's `on_unimplemented` hint) underlines it.
+    let body = match &h.sig.ret {
+        Some(ret) if !matches!(ret, Type::ImplTrait(_)) => {
+            let span = ret.span();
+            let convert = quote_spanned! {span=>
+                <#ret as #p::IntoHandlerResult>::into_handler_result(__fw_ret)
+            };
+            quote! {
+                let __fw_ret: #ret = #call;
+                #convert
+            }
+        }
+        other => {
+            let span = other.as_ref().map_or_else(|| h.ident.span(), |t| t.span());
+            let convert = quote_spanned! {span=>
+                #p::IntoHandlerResult::into_handler_result(__fw_ret)
+            };
+            quote! {
+                let __fw_ret = #call;
+                #convert
+            }
+        }
     };
     if h.sig.is_async {
         quote! {
             #p::run_async(async move {
                 #fetch
-                let __fw_ret = #call.await;
-                #convert
+                #body
             })
         }
     } else {
         quote! {
             #p::run_blocking(move || {
                 #fetch
-                let __fw_ret = #call;
-                #convert
+                #body
             })
         }
     }

@@ -17,6 +17,7 @@ use crate::check;
 use crate::ctxt::Ctxt;
 use crate::naming;
 use crate::sig::{self, HandlerSig, HookSig};
+use crate::symbol;
 
 /// Runtime defaults the macro needs for its own checks (the generated code takes the rest
 /// from the runtime's `DEFAULT` constants).
@@ -210,6 +211,13 @@ impl Stream {
         let collection = match (args.collection, &args.document) {
             (Some(c), _) => Some(Collection::Named(c.value)),
             (None, Some(doc)) => Some(Collection::FromDocument(doc.clone())),
+            // A `collection` or `document` key was written but rejected: already reported.
+            (None, None)
+                if args.written.contains(&symbol::COLLECTION)
+                    || args.written.contains(&symbol::DOCUMENT) =>
+            {
+                None
+            }
             (None, None) => {
                 cx.error_at(
                     Span::call_site(),
@@ -506,7 +514,7 @@ fn self_type(cx: &Ctxt, item: &ItemImpl) -> Option<(Ident, String)> {
         }
     };
     let last = path.segments.last()?;
-    if !last.arguments.is_empty() {
+    if !last.arguments.is_empty() && item.generics.params.is_empty() {
         cx.error_spanned_by(
             &last.arguments,
             "#[change_stream] needs a type without generic arguments: a stream is one registered type",

@@ -1,7 +1,6 @@
 //! Signature checks of the methods the attributes mark. Parameters are classified by their
 //! syntax only; rustc checks the actual types through the generated calls.
 
-use proc_macro2::Span;
 use syn::spanned::Spanned;
 use syn::{FnArg, GenericArgument, PathArguments, ReturnType, Signature, Type};
 
@@ -23,7 +22,7 @@ pub(crate) enum ParamKind {
 pub(crate) struct Param {
     pub(crate) kind: ParamKind,
     /// The parameter's type, for errors about it.
-    pub(crate) span: Span,
+    pub(crate) ty: Type,
 }
 
 /// A checked handler signature.
@@ -31,15 +30,16 @@ pub(crate) struct Param {
 pub(crate) struct HandlerSig {
     pub(crate) is_async: bool,
     pub(crate) params: Vec<Param>,
-    /// The user's return type (the fn's name when it returns `()` implicitly): the span of the
-    /// `IntoHandlerResult` check.
-    pub(crate) ret_span: Span,
+    /// The user's return type, `None` for an implicit `()`: the `IntoHandlerResult` check is
+    /// written on it, so rustc's error lands there.
+    pub(crate) ret: Option<Type>,
 }
 
-/// A checked pipeline, filter or error hook: only its return type's span is needed.
+/// A checked pipeline, filter or error hook: only its return type is needed, for the checks
+/// written on it.
 #[derive(Clone, Debug)]
 pub(crate) struct HookSig {
-    pub(crate) ret_span: Span,
+    pub(crate) ret: Type,
 }
 
 const HANDLER_SHAPES: &str = "expected `fn(&self, ctx: &ChangeContext<T>)`, `fn(&self, doc: T)` or `fn(&self, doc: T, ctx: &ChangeContext<T>)` (`Option<T>` for a document that may be absent), `async` or not, returning `()` or `Result<(), E>`";
@@ -75,11 +75,33 @@ fn is_option(ty: &Type) -> bool {
     }
 }
 
-fn ret_span(sig: &Signature) -> Span {
+/// The declared return type (callers have reported a missing one).
+fn ret_type(sig: &Signature) -> Type {
     match &sig.output {
-        ReturnType::Default => sig.ident.span(),
-        ReturnType::Type(_, ty) => ty.span(),
+        ReturnType::Default => syn::parse_quote!(()),
+        ReturnType::Type(_, ty) => (**ty).clone(),
     }
+}
+
+/// `self`, `&self`, `&mut self` or `self: T`, as written.
+fn receiver_text(r: &syn::Receiver) -> String {
+    if r.colon_token.is_some() {
+        return format!("self: {}", type_text(&r.ty));
+    }
+    match (&r.reference, &r.mutability) {
+        (Some(_), Some(_)) => "&mut self".to_owned(),
+        (Some(_), None) => "&self".to_owned(),
+        (None, _) => "self".to_owned(),
+    }
+}
+
+fn type_text(ty: &Type) -> String {
+    quote::quote!(#ty)
+        .to_string()
+        .replace(" < ", "<")
+        .replace(" >", ">")
+        .replace("< ", "<")
+        .replace(" :: ", "::")
 }
 
 /// Checks what every marked method shares: no generics, no `unsafe`, no `extern`, no
@@ -118,7 +140,7 @@ fn ref_self(cx: &Ctxt, sig: &Signature, what: &str, shape: &str) -> bool {
             if r.colon_token.is_some() && !matches!(*r.ty, Type::Reference(_)) {
                 cx.error_spanned_by(
                     r,
-                    format!("wrong {what} signature: take `&self`, not `{}` — the runtime keeps one shared instance: {shape}", quote::quote!(#r).to_string().replace(" :", ":")),
+                    format!("wrong {what} signature: take `&self`, not `self: {}` — the runtime keeps one shared instance: {shape}", type_text(&r.ty)),
                 );
                 false
             } else if r.reference.is_none() {
@@ -178,7 +200,7 @@ pub(crate) fn handler(cx: &Ctxt, sig: &Signature) -> Option<HandlerSig> {
         };
         params.push(Param {
             kind,
-            span: ty.span(),
+            ty: ty.clone(),
         });
     }
     let kinds: Vec<ParamKind> = params.iter().map(|p| p.kind).collect();
@@ -187,29 +209,29 @@ pub(crate) fn handler(cx: &Ctxt, sig: &Signature) -> Option<HandlerSig> {
         [] | [Context] | [Document | OptionalDocument] | [Document | OptionalDocument, Context] => {
         }
         [Context, Document | OptionalDocument] => {
-            cx.error_at(
-                params[0].span,
+            cx.error_spanned_by(
+                &params[0].ty,
                 "wrong handler signature: the document comes first, then the context: `fn(&self, doc: T, ctx: &ChangeContext<T>)`",
             );
             ok = false;
         }
         [Context, Context, ..] => {
-            cx.error_at(
-                params[1].span,
+            cx.error_spanned_by(
+                &params[1].ty,
                 "wrong handler signature: the context is passed once; remove this parameter",
             );
             ok = false;
         }
         [Document | OptionalDocument, Document | OptionalDocument, ..] => {
-            cx.error_at(
-                params[1].span,
+            cx.error_spanned_by(
+                &params[1].ty,
                 format!("wrong handler signature: a handler receives one document; remove this parameter ({HANDLER_SHAPES})"),
             );
             ok = false;
         }
         _ => {
-            cx.error_at(
-                params[2].span,
+            cx.error_spanned_by(
+                &params[2].ty,
                 format!("wrong handler signature: too many parameters; {HANDLER_SHAPES}"),
             );
             ok = false;
@@ -218,7 +240,10 @@ pub(crate) fn handler(cx: &Ctxt, sig: &Signature) -> Option<HandlerSig> {
     ok.then(|| HandlerSig {
         is_async: sig.asyncness.is_some(),
         params,
-        ret_span: ret_span(sig),
+        ret: match &sig.output {
+            ReturnType::Default => None,
+            ReturnType::Type(_, ty) => Some((**ty).clone()),
+        },
     })
 }
 
@@ -235,7 +260,7 @@ pub(crate) fn pipeline(cx: &Ctxt, sig: &Signature) -> Option<HookSig> {
         match input {
             FnArg::Receiver(r) => cx.error_spanned_by(
                 r,
-                format!("#[pipeline] is an associated function without `self`: the stages are built before any instance is used; remove `{}`: {shape}", quote::quote!(#r)),
+                format!("#[pipeline] is an associated function without `self`: the stages are built before any instance is used; remove `{}`: {shape}", receiver_text(r)),
             ),
             FnArg::Typed(t) => cx.error_spanned_by(
                 t,
@@ -251,9 +276,7 @@ pub(crate) fn pipeline(cx: &Ctxt, sig: &Signature) -> Option<HookSig> {
         );
         ok = false;
     }
-    ok.then(|| HookSig {
-        ret_span: ret_span(sig),
-    })
+    ok.then(|| HookSig { ret: ret_type(sig) })
 }
 
 /// Checks a `#[filter]`: `fn name(&self, ctx: &ChangeContext<T>) -> bool`.
@@ -274,9 +297,7 @@ pub(crate) fn filter(cx: &Ctxt, sig: &Signature) -> Option<HookSig> {
         );
         ok = false;
     }
-    ok.then(|| HookSig {
-        ret_span: ret_span(sig),
-    })
+    ok.then(|| HookSig { ret: ret_type(sig) })
 }
 
 /// Checks an `#[on_error]`:
@@ -307,9 +328,7 @@ pub(crate) fn on_error(cx: &Ctxt, sig: &Signature) -> Option<HookSig> {
         );
         ok = false;
     }
-    ok.then(|| HookSig {
-        ret_span: ret_span(sig),
-    })
+    ok.then(|| HookSig { ret: ret_type(sig) })
 }
 
 #[derive(Clone, Copy)]

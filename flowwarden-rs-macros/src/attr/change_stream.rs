@@ -21,6 +21,8 @@ pub(crate) struct ChangeStreamArgs {
     pub(crate) enabled: Option<Spanned<bool>>,
     pub(crate) auto_start: Option<Spanned<bool>>,
     pub(crate) krate: Option<Spanned<Path>>,
+    /// Every key written (valid spelling, not repeated), even when its value was rejected.
+    pub(crate) written: Vec<&'static str>,
 }
 
 const FULL_DOCUMENT_CHOICES: &[(&str, FullDocument)] = &[
@@ -45,6 +47,7 @@ impl ChangeStreamArgs {
             let Some(key) = keys.accept(&arg) else {
                 continue;
             };
+            out.written.push(key);
             match key {
                 NAME => out.name = value::non_empty_string(cx, &arg, "\"order-stream\""),
                 COLLECTION => {
