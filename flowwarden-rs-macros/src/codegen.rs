@@ -158,7 +158,7 @@ fn definition(s: &Stream) -> TokenStream {
     let checkpoint = config(
         quote!(#p::CheckpointConfig),
         vec![
-            ("save_every_n", c.save_every_n.map(|v| lit_u32(v))),
+            ("save_every_n", c.save_every_n.map(lit_u32)),
             ("save_interval_secs", c.save_interval_secs.map(lit_u64)),
             (
                 "start_position",

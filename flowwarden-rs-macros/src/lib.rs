@@ -7,7 +7,7 @@
 //!
 //! 1. **parse** (`attr`): each attribute's `key = value` list becomes typed values; unknown
 //!    and repeated keys and values of the wrong kind are reported on their own token;
-//! 2. **validate** ([`model`], [`sig`], [`check`]): the impl's methods and attributes become a
+//! 2. **validate** (`model`, `sig`, `check`): the impl's methods and attributes become a
 //!    validated model, with the rules that span several attributes;
 //! 3. **generate** (`codegen`): code is produced from the model alone.
 //!
