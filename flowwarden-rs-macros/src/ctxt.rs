@@ -8,7 +8,6 @@ use proc_macro2::Span;
 use quote::ToTokens;
 
 /// Collects the errors of one macro invocation.
-#[derive(Default)]
 pub(crate) struct Ctxt {
     errors: RefCell<Option<Vec<syn::Error>>>,
 }
