@@ -129,15 +129,15 @@ fn take_companions(cx: &Ctxt, attrs: &mut Vec<Attribute>) -> Companions {
     out
 }
 
-/// Debug output of an expansion when `FLOWWARDEN_MACRO_DEBUG` is set (to anything but `0`).
+/// Whether `FLOWWARDEN_MACRO_DEBUG` asks for the expansions (set, and neither empty nor `0`).
+pub(crate) fn debug_enabled() -> bool {
+    std::env::var("FLOWWARDEN_MACRO_DEBUG").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Prints an expansion to stderr (see [`debug_enabled`]).
 pub(crate) fn debug_print(imp_name: &str, tokens: &TokenStream) {
-    match std::env::var("FLOWWARDEN_MACRO_DEBUG") {
-        Ok(v) if !v.is_empty() && v != "0" => {
-            eprintln!("// ----- flowwarden #[change_stream] expansion of `{imp_name}` -----");
-            eprintln!("{tokens}");
-        }
-        _ => {}
-    }
+    eprintln!("// ----- flowwarden #[change_stream] expansion of `{imp_name}` -----");
+    eprintln!("{tokens}");
 }
 
 /// The self type of an impl, for the debug header.

@@ -119,9 +119,11 @@ fn finish(
 #[proc_macro_attribute]
 pub fn change_stream(args: TokenStream, item: TokenStream) -> TokenStream {
     let item = proc_macro2::TokenStream::from(item);
-    let name = expand::impl_name(&item);
+    let debug = expand::debug_enabled().then(|| expand::impl_name(&item));
     let out = finish(item.clone(), expand::change_stream(args.into(), item));
-    expand::debug_print(&name, &proc_macro2::TokenStream::from(out.clone()));
+    if let Some(name) = debug {
+        expand::debug_print(&name, &proc_macro2::TokenStream::from(out.clone()));
+    }
     out
 }
 

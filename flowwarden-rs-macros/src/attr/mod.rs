@@ -165,3 +165,52 @@ pub(crate) fn args_or_report(cx: &Ctxt, args: TokenStream) -> Vec<Arg> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    #[test]
+    fn splits_pairs_and_keeps_generic_values_whole() {
+        let args = parse_args(quote!(crate = "fw", document = Wrapper<A, B>, jitter, n = 5))
+            .expect("parses");
+        let keys: Vec<String> = args.iter().map(Arg::name).collect();
+        assert_eq!(keys, ["crate", "document", "jitter", "n"]);
+        assert_eq!(
+            args[1].value.as_ref().unwrap().to_string(),
+            "Wrapper < A , B >"
+        );
+        assert!(args[2].value.is_none());
+    }
+
+    #[test]
+    fn a_missing_value_is_an_error_and_a_missing_comma_joins_values() {
+        assert!(parse_args(quote!(n =)).is_err());
+        assert!(parse_args(quote!(= 5)).is_err());
+        // Without the comma the value runs on; the typed reader then rejects it.
+        let args = parse_args(quote!(a = 1 b = 2)).expect("parses");
+        assert_eq!(args.len(), 1);
+        assert_eq!(args[0].value.as_ref().unwrap().to_string(), "1 b = 2");
+    }
+
+    #[test]
+    fn keys_report_unknown_and_duplicate() {
+        let cx = Ctxt::new();
+        let mut keys = Keys::new(&cx, "retry", crate::symbol::RETRY_KEYS);
+        let args = parse_args(quote!(max_attempts = 1, max_attempts = 2, backoff_ms = 3)).unwrap();
+        let accepted: Vec<Option<&str>> = args.iter().map(|a| keys.accept(a)).collect();
+        assert_eq!(accepted, [Some("max_attempts"), None, None]);
+        let err = cx
+            .check()
+            .unwrap_err()
+            .into_iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>();
+        assert!(
+            err[0].starts_with("duplicate key `max_attempts`"),
+            "{err:?}"
+        );
+        assert!(err[1].contains("renamed to `initial_delay_ms`"), "{err:?}");
+    }
+}

@@ -1,7 +1,6 @@
 //! The generated code raises no warning of its own, even under strict lint levels, and the
 //! imports of the companions count as used.
 #![deny(warnings, missing_docs, unused, rust_2018_idioms, unreachable_pub)]
-#![deny(clippy::all)]
 
 use flowwarden::{change_stream, checkpoint, restart, retry, ChangeContext};
 
