@@ -259,9 +259,10 @@ impl Stream {
         };
 
         let mut any_handler_attr = false;
+        let mut claims = Vec::new();
         for m in methods {
             any_handler_attr |= m.roles.iter().any(|r| r.role.is_handler());
-            stream.add_method(cx, m);
+            stream.add_method(cx, m, &mut claims);
         }
         check::stream(cx, &stream, any_handler_attr);
 
@@ -272,7 +273,7 @@ impl Stream {
         }
     }
 
-    fn add_method(&mut self, cx: &Ctxt, m: Method) {
+    fn add_method(&mut self, cx: &Ctxt, m: Method, claims: &mut Vec<(Role, String)>) {
         let Method { ident, sig, roles } = m;
         let (handler_roles, hook_roles): (Vec<RoleAttr>, Vec<RoleAttr>) =
             roles.into_iter().partition(|r| r.role.is_handler());
@@ -288,7 +289,7 @@ impl Stream {
                 );
                 return;
             }
-            self.add_handler(cx, ident, &sig, handler_roles);
+            self.add_handler(cx, ident, &sig, handler_roles, claims);
             return;
         }
         let mut hooks = hook_roles.into_iter();
@@ -306,17 +307,7 @@ impl Stream {
             );
             return;
         }
-        let checked = match first.role {
-            Role::Pipeline => sig::pipeline(cx, &sig),
-            Role::Filter => sig::filter(cx, &sig),
-            _ => sig::on_error(cx, &sig),
-        };
-        let slot = match first.role {
-            Role::Pipeline => &mut self.pipeline,
-            Role::Filter => &mut self.filter,
-            _ => &mut self.on_error,
-        };
-        if let Some(existing) = slot {
+        if let Some((_, existing)) = claims.iter().find(|(role, _)| *role == first.role) {
             let what = first.role.name();
             let why = match first.role {
                 Role::Pipeline => "merge the stages into one `Vec`",
@@ -326,12 +317,17 @@ impl Stream {
             cx.error_at(
                 first.span,
                 format!(
-                    "a second #[{what}]: `{}` is already the #[{what}] of this stream; {why}",
-                    existing.ident
+                    "a second #[{what}]: `{existing}` is already the #[{what}] of this stream; {why}"
                 ),
             );
             return;
         }
+        claims.push((first.role, ident.to_string()));
+        let (checked, slot) = match first.role {
+            Role::Pipeline => (sig::pipeline(cx, &sig), &mut self.pipeline),
+            Role::Filter => (sig::filter(cx, &sig), &mut self.filter),
+            _ => (sig::on_error(cx, &sig), &mut self.on_error),
+        };
         if let Some(sig) = checked {
             *slot = Some(Hook {
                 ident,
@@ -341,27 +337,22 @@ impl Stream {
         }
     }
 
-    fn add_handler(&mut self, cx: &Ctxt, ident: Ident, sig: &syn::Signature, roles: Vec<RoleAttr>) {
+    fn add_handler(
+        &mut self,
+        cx: &Ctxt,
+        ident: Ident,
+        sig: &syn::Signature,
+        roles: Vec<RoleAttr>,
+        claims: &mut Vec<(Role, String)>,
+    ) {
         let mut kept: Vec<RoleAttr> = Vec::new();
         for r in roles {
-            let taken_by = if r.role == Role::OnChange {
-                self.catch_all().map(|h| h.ident.to_string()).or_else(|| {
-                    kept.iter()
-                        .any(|k| k.role == Role::OnChange)
-                        .then(|| ident.to_string())
-                })
-            } else {
-                let op = Op::from_role(r.role);
-                self.handlers
-                    .iter()
-                    .find(|h| h.roles.iter().any(|x| Op::from_role(x.role) == op))
-                    .map(|h| h.ident.to_string())
-                    .or_else(|| {
-                        kept.iter()
-                            .any(|k| k.role == r.role)
-                            .then(|| ident.to_string())
-                    })
-            };
+            // Claims are recorded even for methods whose signature is rejected, so a second
+            // handler for the same operation is still reported.
+            let taken_by = claims
+                .iter()
+                .find(|(role, _)| *role == r.role)
+                .map(|(_, method)| method.clone());
             match taken_by {
                 Some(other) if r.role == Role::OnChange => cx.error_at(
                     r.span,
@@ -374,7 +365,10 @@ impl Stream {
                         format!("two handlers for `{op}`: `{other}` already handles it; keep one #[{}] per stream (one method may carry several attributes, e.g. #[on_update] #[on_replace])", r.role.name()),
                     );
                 }
-                None => kept.push(r),
+                None => {
+                    claims.push((r.role, ident.to_string()));
+                    kept.push(r);
+                }
             }
         }
         let Some(sig) = sig::handler(cx, sig) else {
