@@ -86,3 +86,21 @@ impl<H: StreamHandler> ViaNothing for &Probe<H> {
     }
 }
 pub use crate::backend::{Backend, BackendProvider};
+
+/// What a `#[pipeline]` may return: the stages that follow `$changeStream`. Generated code
+/// checks the bound on the user's return type, so a wrong type is reported there.
+#[diagnostic::on_unimplemented(
+    message = "a #[pipeline] must return `Vec<bson::Document>`, not `{Self}`",
+    label = "this return type is not accepted",
+    note = "build the stages with `bson::doc!`: `vec![doc! {{ \"$match\": {{ .. }} }}]`"
+)]
+pub trait PipelineStages {
+    /// The stages.
+    fn into_stages(self) -> Vec<bson::Document>;
+}
+
+impl PipelineStages for Vec<bson::Document> {
+    fn into_stages(self) -> Vec<bson::Document> {
+        self
+    }
+}

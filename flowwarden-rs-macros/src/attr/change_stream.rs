@@ -1,0 +1,73 @@
+//! `#[change_stream(..)]` arguments.
+
+use proc_macro2::TokenStream;
+use syn::{Path, TypePath};
+
+use super::value::{self, Spanned};
+use super::{args_or_report, Keys};
+use crate::ctxt::Ctxt;
+use crate::model::{FullDocument, FullDocumentBeforeChange};
+use crate::symbol::*;
+
+/// What `#[change_stream(..)]` declares, each key checked on its own.
+#[derive(Default)]
+pub(crate) struct ChangeStreamArgs {
+    pub(crate) name: Option<Spanned<String>>,
+    pub(crate) collection: Option<Spanned<String>>,
+    pub(crate) database: Option<Spanned<String>>,
+    pub(crate) document: Option<TypePath>,
+    pub(crate) full_document: Option<Spanned<FullDocument>>,
+    pub(crate) full_document_before_change: Option<Spanned<FullDocumentBeforeChange>>,
+    pub(crate) enabled: Option<Spanned<bool>>,
+    pub(crate) auto_start: Option<Spanned<bool>>,
+    pub(crate) krate: Option<Spanned<Path>>,
+    /// Every key written (valid spelling, not repeated), even when its value was rejected.
+    pub(crate) written: Vec<&'static str>,
+}
+
+const FULL_DOCUMENT_CHOICES: &[(&str, FullDocument)] = &[
+    ("updateLookup", FullDocument::UpdateLookup),
+    ("whenAvailable", FullDocument::WhenAvailable),
+    ("required", FullDocument::Required),
+    ("default", FullDocument::Default),
+];
+
+const BEFORE_CHANGE_CHOICES: &[(&str, FullDocumentBeforeChange)] = &[
+    ("whenAvailable", FullDocumentBeforeChange::WhenAvailable),
+    ("required", FullDocumentBeforeChange::Required),
+    ("off", FullDocumentBeforeChange::Off),
+];
+
+impl ChangeStreamArgs {
+    /// Reads the arguments, reporting every bad key or value to `cx`.
+    pub(crate) fn parse(cx: &Ctxt, args: TokenStream) -> Self {
+        let mut out = Self::default();
+        let mut keys = Keys::new(cx, CHANGE_STREAM, CHANGE_STREAM_KEYS);
+        for arg in args_or_report(cx, args) {
+            let Some(key) = keys.accept(&arg) else {
+                continue;
+            };
+            out.written.push(key);
+            match key {
+                NAME => out.name = value::non_empty_string(cx, &arg, "\"order-stream\""),
+                COLLECTION => {
+                    out.collection = value::non_empty_string(cx, &arg, "\"orders\"");
+                }
+                DATABASE => out.database = value::non_empty_string(cx, &arg, "\"shop\""),
+                DOCUMENT => out.document = value::type_path(cx, &arg, "Order"),
+                FULL_DOCUMENT => {
+                    out.full_document = value::choice(cx, &arg, FULL_DOCUMENT_CHOICES);
+                }
+                FULL_DOCUMENT_BEFORE_CHANGE => {
+                    out.full_document_before_change =
+                        value::choice(cx, &arg, BEFORE_CHANGE_CHOICES);
+                }
+                ENABLED => out.enabled = value::boolean(cx, &arg),
+                AUTO_START => out.auto_start = value::boolean(cx, &arg),
+                CRATE => out.krate = value::path_in_string(cx, &arg, "\"flowwarden\""),
+                _ => unreachable!("key {key} accepted but not read"),
+            }
+        }
+        out
+    }
+}

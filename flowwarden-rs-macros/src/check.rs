@@ -1,0 +1,100 @@
+//! Rules that span several attributes or methods, run on the assembled model.
+
+use proc_macro2::Span;
+
+use crate::attr::method::Role;
+use crate::ctxt::Ctxt;
+use crate::model::{FullDocument, Handler, Op, Stream};
+use crate::sig::ParamKind;
+
+/// Runs every cross rule. `any_handler_attr` tells whether some method carried a handler
+/// attribute (even one whose signature was rejected).
+pub(crate) fn stream(cx: &Ctxt, s: &Stream, any_handler_attr: bool) {
+    check_has_handler(cx, s, any_handler_attr);
+    check_filter_with_delete(cx, s);
+    for h in &s.handlers {
+        check_document_availability(cx, s, h);
+    }
+}
+
+fn check_has_handler(cx: &Ctxt, s: &Stream, any_handler_attr: bool) {
+    if s.handlers.is_empty() && !any_handler_attr {
+        cx.error_at(
+            Span::call_site(),
+            format!(
+                "no handler: the stream `{}` would receive events and do nothing with them; mark a method with #[on_insert], #[on_update], #[on_replace], #[on_delete] or #[on_change]",
+                s.name
+            ),
+        );
+    }
+}
+
+fn check_filter_with_delete(cx: &Ctxt, s: &Stream) {
+    let (Some(filter), Some(delete)) = (&s.filter, s.handler_for(Op::Delete)) else {
+        return;
+    };
+    cx.error_at(
+        filter.attr_span,
+        format!(
+            "#[filter] cannot be combined with #[on_delete] (`{}`): a delete event carries no document, so the filter would judge every delete without one; filter deletes inside the #[on_delete] handler (`ctx.document_key()`, `ctx.document_before_change()`), or in the #[pipeline] (`$match` on `documentKey`)",
+            delete.ident
+        ),
+    );
+}
+
+fn check_document_availability(cx: &Ctxt, s: &Stream, h: &Handler) {
+    let Some(doc) = h.sig.params.iter().find(|p| p.kind != ParamKind::Context) else {
+        return;
+    };
+    let optional = doc.kind == ParamKind::OptionalDocument;
+    if s.document.is_none() {
+        cx.error_spanned_by(
+            &doc.ty,
+            format!(
+                "`{}` asks for the document, but the stream declares no document type: add `document = MyType` to #[change_stream(..)], or take only the context and read `ctx.document()` (a `bson::Document`)",
+                h.ident
+            ),
+        );
+        return;
+    }
+    for r in &h.roles {
+        match r.role {
+            Role::OnDelete => {
+                cx.error_spanned_by(
+                    &doc.ty,
+                    format!(
+                        "#[on_delete] handler `{}` asks for the document, but a delete event never carries it: take only the context and use `ctx.document_key()` (and `ctx.document_before_change()` with `full_document_before_change`)",
+                        h.ident
+                    ),
+                );
+            }
+            Role::OnChange if !optional => {
+                cx.error_spanned_by(
+                    &doc.ty,
+                    format!(
+                        "#[on_change] handler `{}` takes `T`, but most operations it catches (delete, drop, rename, invalidate..) carry no document: take `Option<T>`, or only the context",
+                        h.ident
+                    ),
+                );
+            }
+            Role::OnUpdate if !optional => match s.full_document {
+                FullDocument::UpdateLookup | FullDocument::Required => {}
+                FullDocument::WhenAvailable => cx.error_spanned_by(
+                    &doc.ty,
+                    format!(
+                        "#[on_update] handler `{}` takes `T`, but with `full_document = \"whenAvailable\"` an update may come without its document: take `Option<T>`, or set `full_document = \"required\"`",
+                        h.ident
+                    ),
+                ),
+                FullDocument::Default => cx.error_spanned_by(
+                    &doc.ty,
+                    format!(
+                        "#[on_update] handler `{}` asks for the document, but updates carry it only when the stream requests it: add `full_document = \"updateLookup\"` (or \"required\") to #[change_stream(..)], or take only the context and read `ctx.update_description()`",
+                        h.ident
+                    ),
+                ),
+            },
+            _ => {}
+        }
+    }
+}

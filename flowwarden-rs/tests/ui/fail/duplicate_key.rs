@@ -1,0 +1,11 @@
+use flowwarden::{change_stream, ChangeContext};
+
+pub struct Orders;
+
+#[change_stream(collection = "orders", name = "a", collection = "other")]
+impl Orders {
+    #[on_insert]
+    async fn created(&self, _ctx: &ChangeContext<bson::Document>) {}
+}
+
+fn main() {}

@@ -1,0 +1,19 @@
+use flowwarden::{change_stream, ChangeContext};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+pub struct Order {
+    pub status: String,
+}
+
+pub struct Orders;
+
+#[change_stream(collection = "orders", document = Order, full_document = "whenAvailable")]
+impl Orders {
+    #[on_update]
+    async fn updated(&self, order: Order, _ctx: &ChangeContext<Order>) {
+        let _ = order.status;
+    }
+}
+
+fn main() {}
