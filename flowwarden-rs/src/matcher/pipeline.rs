@@ -1,0 +1,335 @@
+//! The aggregation stages a change stream accepts after `$changeStream` ("Modify Change Stream
+//! Output" in the MongoDB manual), evaluated on one change event at a time.
+
+use bson::{Bson, Document};
+
+use super::update::{set_path, unset_path};
+use super::{get_path, Filter, MatchError, Projection};
+
+/// A parsed change-stream pipeline (the stages after `$changeStream`).
+///
+/// Supported stages: `$match`, `$project` (inclusion/exclusion, plus computed fields in an
+/// inclusion projection), `$addFields` / `$set` (literal values, `{$literal: v}`, `"$path"`
+/// references and nested documents of those), `$unset`, and `$changeStreamSplitLargeEvent`
+/// as the last stage (reported by [`EventPipeline::splits_large_events`]; splitting is the
+/// caller's business). Any other stage is refused with [`MatchError::UnknownStage`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EventPipeline {
+    stages: Vec<Stage>,
+    split_large_events: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Stage {
+    Match(Filter),
+    Project(Projection),
+    ProjectComputed(Vec<(String, Expr)>, bool),
+    AddFields(Vec<(String, Expr)>),
+    Unset(Vec<String>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Expr {
+    Literal(Bson),
+    Path(String),
+    Object(Vec<(String, Expr)>),
+    Array(Vec<Expr>),
+}
+
+impl EventPipeline {
+    /// Parses the stages that follow `$changeStream`.
+    pub fn parse(stages: &[Document]) -> Result<EventPipeline, MatchError> {
+        let mut out = EventPipeline::default();
+        for (i, stage) in stages.iter().enumerate() {
+            let mut entries = stage.iter();
+            let (name, arg) = match (entries.next(), entries.next()) {
+                (Some(entry), None) => entry,
+                _ => {
+                    return Err(MatchError::BadValue {
+                        op: "pipeline".into(),
+                        message: "a pipeline stage must have exactly one field".into(),
+                    })
+                }
+            };
+            let doc_arg = || {
+                arg.as_document().ok_or_else(|| MatchError::BadValue {
+                    op: name.clone(),
+                    message: "argument must be a document".into(),
+                })
+            };
+            let parsed = match name.as_str() {
+                "$match" => Stage::Match(Filter::parse(doc_arg()?)?),
+                "$project" => parse_project(doc_arg()?)?,
+                "$addFields" | "$set" => Stage::AddFields(parse_fields(doc_arg()?)?),
+                "$unset" => Stage::Unset(match arg {
+                    Bson::String(s) => vec![s.clone()],
+                    Bson::Array(items) => items
+                        .iter()
+                        .map(|b| {
+                            b.as_str()
+                                .map(str::to_string)
+                                .ok_or_else(|| MatchError::BadValue {
+                                    op: name.clone(),
+                                    message: "field names must be strings".into(),
+                                })
+                        })
+                        .collect::<Result<_, _>>()?,
+                    _ => {
+                        return Err(MatchError::BadValue {
+                            op: name.clone(),
+                            message: "argument must be a string or an array of strings".into(),
+                        })
+                    }
+                }),
+                "$changeStreamSplitLargeEvent" => {
+                    if i + 1 != stages.len() {
+                        return Err(MatchError::BadValue {
+                            op: name.clone(),
+                            message: "must be the last stage of the pipeline".into(),
+                        });
+                    }
+                    out.split_large_events = true;
+                    continue;
+                }
+                other => return Err(MatchError::UnknownStage(other.to_string())),
+            };
+            out.stages.push(parsed);
+        }
+        Ok(out)
+    }
+
+    /// Whether the pipeline ends with `$changeStreamSplitLargeEvent`.
+    pub fn splits_large_events(&self) -> bool {
+        self.split_large_events
+    }
+
+    /// Whether the pipeline has no stage that changes or filters events.
+    pub fn is_empty(&self) -> bool {
+        self.stages.is_empty()
+    }
+
+    /// Runs the stages on one event; `None` when a `$match` rejects it.
+    pub fn apply(&self, event: Document) -> Option<Document> {
+        let mut event = event;
+        for stage in &self.stages {
+            event = match stage {
+                Stage::Match(f) => {
+                    if !f.matches(&event) {
+                        return None;
+                    }
+                    event
+                }
+                Stage::Project(p) => p.apply(&event),
+                Stage::ProjectComputed(fields, include_id) => {
+                    let mut out = Document::new();
+                    if *include_id {
+                        if let Some(id) = event.get("_id") {
+                            out.insert("_id", id.clone());
+                        }
+                    }
+                    for (path, expr) in fields {
+                        if let Some(v) = eval(expr, &event) {
+                            let _ = set_path(&mut out, path, v);
+                        }
+                    }
+                    out
+                }
+                Stage::AddFields(fields) => {
+                    let snapshot = event.clone();
+                    for (path, expr) in fields {
+                        match eval(expr, &snapshot) {
+                            Some(v) => {
+                                let _ = set_path(&mut event, path, v);
+                            }
+                            None => {
+                                unset_path(&mut event, path);
+                            }
+                        }
+                    }
+                    event
+                }
+                Stage::Unset(paths) => {
+                    for p in paths {
+                        unset_path(&mut event, p);
+                    }
+                    event
+                }
+            };
+        }
+        Some(event)
+    }
+}
+
+fn parse_project(spec: &Document) -> Result<Stage, MatchError> {
+    let computed = spec.values().any(|v| {
+        !matches!(
+            v,
+            Bson::Boolean(_) | Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_)
+        )
+    });
+    if !computed {
+        return Ok(Stage::Project(Projection::parse(spec)?));
+    }
+    let mut fields = Vec::new();
+    let mut include_id = true;
+    for (key, value) in spec {
+        let flag = match value {
+            Bson::Boolean(b) => Some(*b),
+            Bson::Int32(n) => Some(*n != 0),
+            Bson::Int64(n) => Some(*n != 0),
+            Bson::Double(f) => Some(*f != 0.0),
+            _ => None,
+        };
+        match flag {
+            Some(false) if key == "_id" => include_id = false,
+            Some(false) => {
+                return Err(MatchError::MixedProjection(
+                    "exclusion",
+                    key.clone(),
+                    "inclusion",
+                ))
+            }
+            Some(true) => fields.push((key.clone(), Expr::Path(key.clone()))),
+            None => fields.push((key.clone(), parse_expr(value)?)),
+        }
+    }
+    Ok(Stage::ProjectComputed(fields, include_id))
+}
+
+fn parse_fields(spec: &Document) -> Result<Vec<(String, Expr)>, MatchError> {
+    spec.iter()
+        .map(|(k, v)| Ok((k.clone(), parse_expr(v)?)))
+        .collect()
+}
+
+fn parse_expr(value: &Bson) -> Result<Expr, MatchError> {
+    Ok(match value {
+        Bson::String(s) if s.starts_with("$$") => {
+            return Err(MatchError::UnknownExpression(s.clone()))
+        }
+        Bson::String(s) if s.starts_with('$') => Expr::Path(s[1..].to_string()),
+        Bson::Document(d) => match d.keys().next() {
+            Some(k) if k == "$literal" && d.len() == 1 => {
+                Expr::Literal(d.get("$literal").cloned().unwrap_or(Bson::Null))
+            }
+            Some(k) if k.starts_with('$') => return Err(MatchError::UnknownExpression(k.clone())),
+            _ => Expr::Object(parse_fields(d)?),
+        },
+        Bson::Array(items) => Expr::Array(items.iter().map(parse_expr).collect::<Result<_, _>>()?),
+        other => Expr::Literal(other.clone()),
+    })
+}
+
+fn eval(expr: &Expr, event: &Document) -> Option<Bson> {
+    match expr {
+        Expr::Literal(v) => Some(v.clone()),
+        Expr::Path(p) => get_path(event, p).cloned(),
+        Expr::Object(fields) => {
+            let mut out = Document::new();
+            for (k, e) in fields {
+                if let Some(v) = eval(e, event) {
+                    out.insert(k.clone(), v);
+                }
+            }
+            Some(Bson::Document(out))
+        }
+        Expr::Array(items) => Some(Bson::Array(
+            items
+                .iter()
+                .map(|e| eval(e, event).unwrap_or(Bson::Null))
+                .collect(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    fn event() -> Document {
+        doc! {
+            "_id": {"_data": "00AB"},
+            "operationType": "insert",
+            "ns": {"db": "d", "coll": "c"},
+            "fullDocument": {"_id": 1, "secret": "s", "v": 2},
+        }
+    }
+
+    #[test]
+    fn match_stage_filters() {
+        let p =
+            EventPipeline::parse(&[doc! {"$match": {"operationType": "insert"}}]).expect("parses");
+        assert!(p.apply(event()).is_some());
+        let p =
+            EventPipeline::parse(&[doc! {"$match": {"operationType": "delete"}}]).expect("parses");
+        assert!(p.apply(event()).is_none());
+        let p = EventPipeline::parse(&[doc! {"$match": {"fullDocument.v": {"$gt": 1}}}])
+            .expect("parses");
+        assert!(p.apply(event()).is_some());
+    }
+
+    #[test]
+    fn project_and_unset() {
+        let p =
+            EventPipeline::parse(&[doc! {"$project": {"fullDocument.secret": 0}}]).expect("parses");
+        let out = p.apply(event()).expect("kept");
+        assert_eq!(
+            out.get_document("fullDocument").expect("doc"),
+            &doc! {"_id": 1, "v": 2}
+        );
+        let p = EventPipeline::parse(&[doc! {"$project": {"operationType": 1}}]).expect("parses");
+        assert_eq!(
+            p.apply(event()),
+            Some(doc! {"_id": {"_data": "00AB"}, "operationType": "insert"})
+        );
+        let p =
+            EventPipeline::parse(&[doc! {"$unset": ["fullDocument", "ns.db"]}]).expect("parses");
+        let out = p.apply(event()).expect("kept");
+        assert!(!out.contains_key("fullDocument"));
+        assert_eq!(out.get_document("ns").expect("ns"), &doc! {"coll": "c"});
+    }
+
+    #[test]
+    fn add_fields_with_references() {
+        let p = EventPipeline::parse(&[
+            doc! {"$addFields": {"tag": "x", "val": "$fullDocument.v", "lit": {"$literal": "$x"}}},
+        ])
+        .expect("parses");
+        let out = p.apply(event()).expect("kept");
+        assert_eq!(out.get_str("tag"), Ok("x"));
+        assert_eq!(out.get_i32("val"), Ok(2));
+        assert_eq!(out.get_str("lit"), Ok("$x"));
+        let p = EventPipeline::parse(&[doc! {"$project": {"op": "$operationType", "_id": 0}}])
+            .expect("parses");
+        assert_eq!(p.apply(event()), Some(doc! {"op": "insert"}));
+    }
+
+    #[test]
+    fn refuses_other_stages() {
+        assert_eq!(
+            EventPipeline::parse(&[doc! {"$group": {"_id": 1}}]),
+            Err(MatchError::UnknownStage("$group".into()))
+        );
+        assert!(EventPipeline::parse(&[doc! {"$addFields": {"x": {"$concat": ["a"]}}}]).is_err());
+        assert!(EventPipeline::parse(&[doc! {"$match": {"a": {"$regex": "x"}}}]).is_err());
+    }
+
+    #[test]
+    fn split_stage_must_be_last() {
+        let p = EventPipeline::parse(&[
+            doc! {"$match": {}},
+            doc! {"$changeStreamSplitLargeEvent": {}},
+        ])
+        .expect("parses");
+        assert!(p.splits_large_events());
+        assert!(!EventPipeline::parse(&[doc! {"$match": {}}])
+            .expect("parses")
+            .splits_large_events());
+        assert!(EventPipeline::parse(&[
+            doc! {"$changeStreamSplitLargeEvent": {}},
+            doc! {"$match": {}}
+        ])
+        .is_err());
+    }
+}
