@@ -714,7 +714,7 @@ pub(crate) fn insert_direct(
 fn insert(st: &mut State, db: &str, body: &Document) -> CmdResult {
     let coll = coll_name(body, "insert")?;
     let docs = get_docs(body, "documents")?;
-    let ordered = body.get("ordered").map_or(true, |v| truthy(Some(v)));
+    let ordered = body.get("ordered").is_none_or(|v| truthy(Some(v)));
     let mut n = 0i32;
     let mut errors = Vec::new();
     for (i, d) in docs.into_iter().enumerate() {
@@ -904,7 +904,7 @@ fn update_spec(
 fn update(st: &mut State, db: &str, body: &Document) -> CmdResult {
     let coll = coll_name(body, "update")?;
     let specs = get_docs(body, "updates")?;
-    let ordered = body.get("ordered").map_or(true, |v| truthy(Some(v)));
+    let ordered = body.get("ordered").is_none_or(|v| truthy(Some(v)));
     let (mut n, mut modified) = (0, 0);
     let mut upserted = Vec::new();
     let mut errors = Vec::new();
