@@ -101,7 +101,7 @@ impl Index {
 }
 
 /// One collection.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Collection {
     /// Record id → document; record ids grow, so iteration is natural (insertion) order.
     pub(crate) docs: BTreeMap<u64, Arc<Document>>,
@@ -112,14 +112,19 @@ pub(crate) struct Collection {
     pub(crate) images: bool,
 }
 
-impl Collection {
-    pub(crate) fn new() -> Collection {
+impl Default for Collection {
+    fn default() -> Self {
         Collection {
+            docs: BTreeMap::new(),
+            by_id: HashMap::new(),
+            next_record: 0,
             indexes: vec![Index::id_index()],
-            ..Collection::default()
+            images: false,
         }
     }
+}
 
+impl Collection {
     /// Finds a unique-index violation that `doc` would cause (ignoring record `except`).
     pub(crate) fn unique_violation(&self, d: &Document, except: Option<u64>) -> Option<&Index> {
         for idx in self.indexes.iter().filter(|i| i.unique) {
@@ -386,7 +391,7 @@ impl Data {
             .entry(db.to_string())
             .or_default()
             .entry(coll.to_string())
-            .or_insert_with(Collection::new)
+            .or_default()
     }
 
     /// The token for "just after position `pos`" with the timestamp of that entry.
