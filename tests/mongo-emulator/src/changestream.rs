@@ -1,6 +1,8 @@
 //! Change streams: opening (`aggregate` with `$changeStream`), reading the oplog into change
 //! events ("Change Events" in the manual), resume tokens and invalidation.
 
+use std::collections::VecDeque;
+
 use bson::{doc, Bson, Document, RawDocumentBuf, Timestamp};
 use flowwarden::matcher::pipeline::EventPipeline;
 
@@ -73,6 +75,10 @@ pub(crate) struct ChangeCursor {
     full_document: FullDocument,
     before_change: BeforeChange,
     pending_invalidate: Option<Token>,
+    /// Fragments of a split event not handed out yet, with their tokens.
+    pending_fragments: VecDeque<(RawDocumentBuf, Document)>,
+    /// When resuming from a fragment token: (position, fragments already delivered).
+    skip_fragments: Option<(u64, u16)>,
     /// Set once the invalidate event has been handed out: the cursor is then exhausted.
     pub(crate) closed: bool,
     /// The post-batch resume token of the last batch.
@@ -182,6 +188,8 @@ impl ChangeCursor {
             full_document,
             before_change,
             pending_invalidate: None,
+            pending_fragments: VecDeque::new(),
+            skip_fragments: None,
             closed: false,
             pbrt: data.high_water(data.head_pos).to_document(),
         };
@@ -208,13 +216,13 @@ impl ChangeCursor {
             }
             cursor.next_pos = t.pos + 1;
             cursor.pbrt = token.as_document().cloned().unwrap_or_default();
-            if t.kind == TokenKind::Event {
+            if t.fragment > 0 {
+                // Resuming from a fragment: re-read that event and hand out the rest of it.
+                cursor.next_pos = t.pos;
+                cursor.skip_fragments = Some((t.pos, t.fragment));
+            } else if t.kind == TokenKind::Event {
                 if let Some(e) = entry.filter(|e| cursor.scope.invalidated_by(e)) {
-                    cursor.pending_invalidate = Some(Token {
-                        ts: e.ts,
-                        pos: e.pos,
-                        kind: TokenKind::Invalidate,
-                    });
+                    cursor.pending_invalidate = Some(Token::invalidate(e));
                 }
             }
         } else if let Some(ts) = start_at {
@@ -237,38 +245,48 @@ impl ChangeCursor {
     /// Reads up to `max_events` events (and at most about 16 MB) from the oplog.
     pub(crate) fn read(&mut self, data: &Data, max_events: usize) -> Result<Batch, CommandError> {
         let mut events = Vec::new();
-        if self.closed {
-            return Ok(Batch { events });
-        }
-        if let Some(inv) = self.pending_invalidate.take() {
-            if max_events == 0 {
-                self.pending_invalidate = Some(inv);
+        let mut bytes = 0usize;
+        loop {
+            if self.closed || events.len() >= max_events {
                 return Ok(Batch { events });
             }
-            events.push(encode(&invalidate_event(inv, data))?);
-            self.pbrt = inv.to_document();
-            self.closed = true;
-            return Ok(Batch { events });
-        }
-        if self.next_pos < data.first_pos() {
-            return Err(CommandError::history_lost());
-        }
-        let mut bytes = 0usize;
-        while events.len() < max_events && self.next_pos <= data.head_pos {
+            if let Some((raw, _)) = self.pending_fragments.front() {
+                let len = raw.as_bytes().len();
+                if !events.is_empty() && bytes + len > MAX_BSON {
+                    return Ok(Batch { events });
+                }
+                if let Some((raw, token)) = self.pending_fragments.pop_front() {
+                    bytes += len;
+                    events.push(raw);
+                    self.pbrt = token;
+                }
+                continue;
+            }
+            if let Some(inv) = self.pending_invalidate.take() {
+                events.push(encode(&invalidate_event(inv, data))?);
+                self.pbrt = inv.to_document();
+                self.closed = true;
+                continue;
+            }
+            if self.next_pos < data.first_pos() {
+                return Err(CommandError::history_lost());
+            }
+            if self.next_pos > data.head_pos {
+                return Ok(Batch { events });
+            }
             let Some(entry) = data.entry(self.next_pos) else {
                 return Err(CommandError::history_lost());
+            };
+            let skip = match self.skip_fragments.take() {
+                Some((pos, n)) if pos == entry.pos => Some(n),
+                _ => None,
             };
             if !self.scope.covers(entry) {
                 self.pbrt = data.high_water(entry.pos).to_document();
                 self.next_pos += 1;
                 continue;
             }
-            let token = Token {
-                ts: entry.ts,
-                pos: entry.pos,
-                kind: TokenKind::Event,
-            }
-            .to_document();
+            let token = Token::event(entry).to_document();
             let event = self.build_event(entry, token.clone(), data)?;
             let event = if self.pipeline.is_empty() {
                 Some(event)
@@ -288,41 +306,28 @@ impl ChangeCursor {
                 ));
             }
             let raw = encode(&event)?;
-            if raw.as_bytes().len() > MAX_BSON {
-                return Err(CommandError::new(
-                    10334,
-                    "BSONObjectTooLarge",
-                    format!(
-                        "Executor error during getMore :: caused by :: BSONObj size: {} (0x{:X}) is invalid. Size must be between 0 and 16793600(16MB)",
-                        raw.as_bytes().len(),
-                        raw.as_bytes().len()
-                    ),
-                ));
+            let len = raw.as_bytes().len();
+            if len > MAX_BSON {
+                if !self.pipeline.splits_large_events() {
+                    return Err(too_large(len));
+                }
+                let fragments = split_event(&event, entry)?;
+                let done = usize::from(skip.unwrap_or(0));
+                self.pending_fragments
+                    .extend(fragments.into_iter().skip(done));
+            } else if skip.is_none() {
+                if !events.is_empty() && bytes + len > MAX_BSON {
+                    return Ok(Batch { events });
+                }
+                bytes += len;
+                events.push(raw);
+                self.pbrt = token;
             }
-            if !events.is_empty() && bytes + raw.as_bytes().len() > MAX_BSON {
-                break;
-            }
-            bytes += raw.as_bytes().len();
-            events.push(raw);
-            self.pbrt = token;
             self.next_pos += 1;
             if self.scope.invalidated_by(entry) {
-                let inv = Token {
-                    ts: entry.ts,
-                    pos: entry.pos,
-                    kind: TokenKind::Invalidate,
-                };
-                if events.len() < max_events {
-                    events.push(encode(&invalidate_event(inv, data))?);
-                    self.pbrt = inv.to_document();
-                    self.closed = true;
-                } else {
-                    self.pending_invalidate = Some(inv);
-                }
-                break;
+                self.pending_invalidate = Some(Token::invalidate(entry));
             }
         }
-        Ok(Batch { events })
     }
 
     fn build_event(
@@ -443,6 +448,57 @@ impl ChangeCursor {
         }
         Ok(ev)
     }
+}
+
+fn too_large(len: usize) -> CommandError {
+    CommandError::new(
+        10334,
+        "BSONObjectTooLarge",
+        format!(
+            "Executor error during getMore :: caused by :: BSONObj size: {len} (0x{len:X}) is invalid. Size must be between 0 and 16793600(16MB)"
+        ),
+    )
+}
+
+/// Splits an event over 16 MB into fragments of whole top-level fields, each with its own
+/// token and `splitEvent: {fragment, of}` ("Large Change Stream Events" in the manual).
+fn split_event(
+    event: &Document,
+    entry: &Entry,
+) -> Result<Vec<(RawDocumentBuf, Document)>, CommandError> {
+    const OVERHEAD: usize = 1024;
+    let mut groups: Vec<Vec<(&String, &Bson)>> = vec![Vec::new()];
+    let mut size = OVERHEAD;
+    for (key, value) in event.iter().filter(|(k, _)| k.as_str() != "_id") {
+        let field = encode(&doc! {key.clone(): value.clone()})?.as_bytes().len();
+        if field + OVERHEAD > MAX_BSON {
+            return Err(too_large(field));
+        }
+        if size + field > MAX_BSON {
+            groups.push(Vec::new());
+            size = OVERHEAD;
+        }
+        size += field;
+        if let Some(last) = groups.last_mut() {
+            last.push((key, value));
+        }
+    }
+    let of = i32::try_from(groups.len()).unwrap_or(i32::MAX);
+    let mut out = Vec::with_capacity(groups.len());
+    for (i, fields) in groups.into_iter().enumerate() {
+        let n = u16::try_from(i + 1).unwrap_or(u16::MAX);
+        let token = Token {
+            fragment: n,
+            ..Token::event(entry)
+        }
+        .to_document();
+        let mut d = doc! {"_id": token.clone(), "splitEvent": {"fragment": i32::from(n), "of": of}};
+        for (k, v) in fields {
+            d.insert(k.clone(), v.clone());
+        }
+        out.push((encode(&d)?, token));
+    }
+    Ok(out)
 }
 
 fn invalidate_event(token: Token, data: &Data) -> Document {

@@ -230,17 +230,39 @@ pub(crate) struct Token {
     pub(crate) ts: Timestamp,
     pub(crate) pos: u64,
     pub(crate) kind: TokenKind,
+    /// Fragment number (from 1) of a split event; 0 for a whole event.
+    pub(crate) fragment: u16,
 }
 
 const TOKEN_VERSION: &str = "82";
+const TOKEN_LEN: usize = 2 + 16 + 2 + 4 + 8 + 8;
 
 impl Token {
-    /// `{_data: "82" + position(16) + time(8) + increment(8) + kind(2)}`, uppercase hex, so that
-    /// the string order is the oplog order (position first, then event < invalidate < high-water).
+    /// The token of the event for `e`.
+    pub(crate) fn event(e: &Entry) -> Token {
+        Token {
+            ts: e.ts,
+            pos: e.pos,
+            kind: TokenKind::Event,
+            fragment: 0,
+        }
+    }
+
+    /// The token of the invalidate that follows `e`.
+    pub(crate) fn invalidate(e: &Entry) -> Token {
+        Token {
+            kind: TokenKind::Invalidate,
+            ..Token::event(e)
+        }
+    }
+
+    /// `{_data: "82" + position(16) + kind(2) + fragment(4) + time(8) + increment(8)}`,
+    /// uppercase hex, so that the string order is the oplog order: by position, then
+    /// event (and its fragments, in order) < invalidate < high-water mark.
     pub(crate) fn to_document(self) -> Document {
         doc! {"_data": format!(
-            "{TOKEN_VERSION}{:016X}{:08X}{:08X}{:02X}",
-            self.pos, self.ts.time, self.ts.increment, self.kind as u8
+            "{TOKEN_VERSION}{:016X}{:02X}{:04X}{:08X}{:08X}",
+            self.pos, self.kind as u8, self.fragment, self.ts.time, self.ts.increment
         )}
     }
 
@@ -255,7 +277,12 @@ impl Token {
             .as_document()
             .and_then(|d| d.get_str("_data").ok())
             .ok_or_else(bad)?;
-        if data.len() != 2 + 8 + 8 + 16 + 2 || !data.starts_with(TOKEN_VERSION) {
+        if data.len() != TOKEN_LEN
+            || !data.starts_with(TOKEN_VERSION)
+            || !data
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'A'..=b'F').contains(&b))
+        {
             return Err(bad());
         }
         let hex = |r: std::ops::Range<usize>| {
@@ -264,18 +291,23 @@ impl Token {
                 .ok_or_else(bad)
         };
         let pos = hex(2..18)?;
-        let time = u32::try_from(hex(18..26)?).map_err(|_| bad())?;
-        let increment = u32::try_from(hex(26..34)?).map_err(|_| bad())?;
-        let kind = match hex(34..36)? {
+        let kind = match hex(18..20)? {
             0 => TokenKind::Event,
             1 => TokenKind::Invalidate,
             2 => TokenKind::HighWater,
             _ => return Err(bad()),
         };
+        let fragment = u16::try_from(hex(20..24)?).map_err(|_| bad())?;
+        let time = u32::try_from(hex(24..32)?).map_err(|_| bad())?;
+        let increment = u32::try_from(hex(32..40)?).map_err(|_| bad())?;
+        if fragment != 0 && kind != TokenKind::Event {
+            return Err(bad());
+        }
         Ok(Token {
             ts: Timestamp { time, increment },
             pos,
             kind,
+            fragment,
         })
     }
 }
@@ -401,6 +433,7 @@ impl Data {
             ts,
             pos,
             kind: TokenKind::HighWater,
+            fragment: 0,
         }
     }
 }
@@ -411,35 +444,50 @@ mod tests {
 
     #[test]
     fn tokens_round_trip_and_sort_by_position() {
+        let ts = |increment| Timestamp { time: 9, increment };
         let a = Token {
-            ts: Timestamp {
-                time: 9,
-                increment: 1,
-            },
+            ts: ts(1),
             pos: 15,
             kind: TokenKind::Event,
+            fragment: 0,
         };
         let b = Token {
-            ts: Timestamp {
-                time: 9,
-                increment: 2,
-            },
+            ts: ts(2),
             pos: 16,
             kind: TokenKind::Event,
+            fragment: 0,
         };
         let hw = Token {
             kind: TokenKind::HighWater,
             ..a
         };
-        let (da, db, dhw) = (a.to_document(), b.to_document(), hw.to_document());
-        let s = |d: &Document| d.get_str("_data").expect("string").to_string();
-        assert!(s(&da) < s(&dhw) && s(&dhw) < s(&db));
-        assert_eq!(s(&da), s(&da).to_uppercase());
-        assert_eq!(Token::parse(&Bson::Document(da)).expect("parses"), a);
+        let inv = Token {
+            kind: TokenKind::Invalidate,
+            ..a
+        };
+        let f1 = Token { fragment: 1, ..a };
+        let f2 = Token { fragment: 2, ..a };
+        let s = |t: Token| {
+            t.to_document()
+                .get_str("_data")
+                .expect("string")
+                .to_string()
+        };
+        let ordered = [s(a), s(f1), s(f2), s(inv), s(hw), s(b)];
+        assert!(ordered.windows(2).all(|w| w[0] < w[1]), "{ordered:?}");
+        assert_eq!(s(a), s(a).to_uppercase());
+        for t in [a, b, hw, inv, f1, f2] {
+            assert_eq!(
+                Token::parse(&Bson::Document(t.to_document())).expect("parses"),
+                t
+            );
+        }
         assert_eq!(
             Token::parse(&Bson::Document(doc! {"_data": "zz"})).map_err(|e| e.code),
             Err(9)
         );
+        let lower = s(a).to_lowercase();
+        assert!(Token::parse(&Bson::Document(doc! {"_data": lower})).is_err());
         assert!(Token::parse(&Bson::Int32(1)).is_err());
     }
 

@@ -313,7 +313,7 @@ async fn never_issued_or_malformed_tokens_are_refused() {
         let (_emu, client) = setup().await;
         let coll = client.database("d").collection::<Document>("c");
         let fake: mongodb::change_stream::event::ResumeToken = mongodb::bson::from_document(
-            doc! {"_data": format!("82{:016X}{:08X}{:08X}00", 999_999u64, 1, 1)},
+            doc! {"_data": format!("82{:016X}00{:04X}{:08X}{:08X}", 999_999u64, 0, 1, 1)},
         )
         .expect("token");
         let err = coll
@@ -581,4 +581,97 @@ async fn idle_stream_returns_none_and_a_post_batch_token() {
         );
     })
     .await;
+}
+
+#[tokio::test]
+async fn large_events_split_into_fragments_or_fail_with_10334() {
+    bounded(async {
+        let (_emu, client) = setup().await;
+        let db = client.database("d");
+        db.create_collection("big")
+            .change_stream_pre_and_post_images(
+                ChangeStreamPreAndPostImages::builder()
+                    .enabled(true)
+                    .build(),
+            )
+            .await
+            .expect("create with images");
+        let coll = db.collection::<Document>("big");
+        coll.insert_one(doc! {"_id": 1, "blob": "x".repeat(9 * 1024 * 1024), "n": 0})
+            .await
+            .expect("insert 9 MB");
+        let open = |split: bool| {
+            let coll = coll.clone();
+            async move {
+                let pipeline = if split {
+                    vec![doc! {"$changeStreamSplitLargeEvent": {}}]
+                } else {
+                    vec![]
+                };
+                coll.watch()
+                    .pipeline(pipeline)
+                    .full_document(FullDocumentType::WhenAvailable)
+                    .full_document_before_change(FullDocumentBeforeChangeType::WhenAvailable)
+                    .await
+                    .expect("watch")
+                    .with_type::<Document>()
+            }
+        };
+        let mut split = open(true).await;
+        let mut whole = open(false).await;
+        coll.update_one(doc! {"_id": 1}, doc! {"$inc": {"n": 1}})
+            .await
+            .expect("update");
+
+        let first = next_raw(&mut split).await.expect("fragment 1");
+        assert_eq!(
+            first.get_document("splitEvent").expect("splitEvent"),
+            &doc! {"fragment": 1, "of": 2}
+        );
+        assert_eq!(first.get_str("operationType"), Ok("update"));
+        assert!(
+            first.contains_key("fullDocument") && !first.contains_key("fullDocumentBeforeChange")
+        );
+        let second = next_raw(&mut split).await.expect("fragment 2");
+        assert_eq!(
+            second.get_document("splitEvent").expect("splitEvent"),
+            &doc! {"fragment": 2, "of": 2}
+        );
+        assert!(second.contains_key("fullDocumentBeforeChange"));
+        assert_ne!(first.get("_id"), second.get("_id"));
+
+        // Resuming from the first fragment's token restarts at the second fragment.
+        let token: mongodb::change_stream::event::ResumeToken =
+            mongodb::bson::from_bson(first.get("_id").cloned().expect("_id")).expect("token");
+        drop(split);
+        let mut resumed = coll
+            .watch()
+            .pipeline(vec![doc! {"$changeStreamSplitLargeEvent": {}}])
+            .full_document(FullDocumentType::WhenAvailable)
+            .full_document_before_change(FullDocumentBeforeChangeType::WhenAvailable)
+            .resume_after(token)
+            .await
+            .expect("resume from fragment")
+            .with_type::<Document>();
+        let again = next_raw(&mut resumed).await.expect("fragment 2 again");
+        assert_eq!(
+            again.get_document("splitEvent").expect("splitEvent"),
+            &doc! {"fragment": 2, "of": 2}
+        );
+
+        let err = next_raw(&mut whole)
+            .await
+            .expect_err("too large without the split stage");
+        assert_eq!(server_code(&err), Some(10334), "{err}");
+    })
+    .await;
+}
+
+async fn next_raw(
+    s: &mut mongodb::change_stream::ChangeStream<Document>,
+) -> mongodb::error::Result<Document> {
+    tokio::time::timeout(Duration::from_secs(10), s.next())
+        .await
+        .expect("in time")
+        .expect("open")
 }
