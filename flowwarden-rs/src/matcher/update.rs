@@ -112,7 +112,7 @@ pub fn apply_update(
                 let same = op == "$set" || op == "$setOnInsert";
                 let unchanged =
                     same && super::get_path(doc, path).is_some_and(|old| bson_equal(old, value));
-                if !unchanged && !(is_insert && same) {
+                if !(unchanged || (is_insert && same)) {
                     return Err(MatchError::ImmutableField(path.clone()));
                 }
             }
