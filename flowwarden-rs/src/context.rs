@@ -213,7 +213,10 @@ impl<T> ChangeContext<T> {
     }
 
     pub(crate) fn take_dead_letter_request(&self) -> Option<String> {
-        self.dead_letter_reason.lock().ok().and_then(|mut s| s.take())
+        self.dead_letter_reason
+            .lock()
+            .ok()
+            .and_then(|mut s| s.take())
     }
 
     pub(crate) fn take_save_request(&self) -> bool {

@@ -98,7 +98,10 @@ impl DeadLetterRecord {
 
     /// Parses a stored document.
     pub fn from_document(d: &Document) -> Result<Self, StoreError> {
-        let id = d.get_str("_id").map_err(|_| corrupt("?", "_id"))?.to_owned();
+        let id = d
+            .get_str("_id")
+            .map_err(|_| corrupt("?", "_id"))?
+            .to_owned();
         let field = |name: &str| corrupt(&id, name);
         Ok(Self {
             stream: d.get_str("stream").map_err(|_| field("stream"))?.to_owned(),
@@ -147,7 +150,14 @@ impl DeadLetterRecord {
             return;
         }
         let mut kept = Document::new();
-        for key in ["_id", "operationType", "ns", "documentKey", "clusterTime", "wallTime"] {
+        for key in [
+            "_id",
+            "operationType",
+            "ns",
+            "documentKey",
+            "clusterTime",
+            "wallTime",
+        ] {
             if let Some(v) = self.event.get(key) {
                 kept.insert(key, v.clone());
             }
@@ -260,11 +270,16 @@ mod tests {
     #[test]
     fn truncation_keeps_identity_and_marks() {
         let big = "x".repeat(10_000);
-        let mut r = record(doc! {"_id": {"_data": "AA"}, "operationType": "insert", "documentKey": {"_id": 1}, "fullDocument": {"blob": big}});
+        let mut r = record(
+            doc! {"_id": {"_data": "AA"}, "operationType": "insert", "documentKey": {"_id": 1}, "fullDocument": {"blob": big}},
+        );
         r.truncate_to(2_000);
         assert!(r.truncated);
         assert!(r.event.get_document("_fw_truncated").is_ok());
-        assert_eq!(r.event.get_document("documentKey").ok(), Some(&doc! {"_id": 1}));
+        assert_eq!(
+            r.event.get_document("documentKey").ok(),
+            Some(&doc! {"_id": 1})
+        );
         assert!(encoded_len(&r.to_document()) <= 2_000);
     }
 

@@ -195,23 +195,24 @@ impl ChangeEvent {
             },
             Err(_) => Namespace::default(),
         };
-        let update_description = raw.get_document("updateDescription").ok().map(|u| {
-            UpdateDescription {
-                updated_fields: u.get_document("updatedFields").cloned().unwrap_or_default(),
-                removed_fields: u
-                    .get_array("removedFields")
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|b| b.as_str().map(str::to_owned))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                truncated_arrays: u
-                    .get_array("truncatedArrays")
-                    .map(|a| a.iter().filter_map(|b| b.as_document().cloned()).collect())
-                    .unwrap_or_default(),
-            }
-        });
+        let update_description =
+            raw.get_document("updateDescription")
+                .ok()
+                .map(|u| UpdateDescription {
+                    updated_fields: u.get_document("updatedFields").cloned().unwrap_or_default(),
+                    removed_fields: u
+                        .get_array("removedFields")
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|b| b.as_str().map(str::to_owned))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    truncated_arrays: u
+                        .get_array("truncatedArrays")
+                        .map(|a| a.iter().filter_map(|b| b.as_document().cloned()).collect())
+                        .unwrap_or_default(),
+                });
         let split = raw.get_document("splitEvent").ok().map(|s| SplitEvent {
             fragment: int_field(s, "fragment").unwrap_or(1),
             of: int_field(s, "of").unwrap_or(1),
@@ -327,7 +328,13 @@ mod tests {
         assert_eq!(ev.document_key(), Some(&doc! {"_id": 7}));
         let ud = ev.update_description().expect("has update description");
         assert_eq!(ud.removed_fields, vec!["b".to_string()]);
-        assert_eq!(ev.cluster_time(), Some(Timestamp { time: 5, increment: 1 }));
+        assert_eq!(
+            ev.cluster_time(),
+            Some(Timestamp {
+                time: 5,
+                increment: 1
+            })
+        );
     }
 
     #[test]
@@ -342,6 +349,9 @@ mod tests {
             OperationType::parse("createIndexes"),
             OperationType::Other("createIndexes".into())
         );
-        assert_eq!(OperationType::parse("dropDatabase").as_str(), "dropDatabase");
+        assert_eq!(
+            OperationType::parse("dropDatabase").as_str(),
+            "dropDatabase"
+        );
     }
 }

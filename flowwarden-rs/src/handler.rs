@@ -38,10 +38,7 @@ pub trait StreamHandler: Send + Sync + 'static {
 
     /// Starts the handler for this event's operation, or returns `None` when no handler
     /// (typed or `#[on_change]`) takes it.
-    fn handle(
-        self: Arc<Self>,
-        ctx: Arc<ChangeContext<Self::Document>>,
-    ) -> Option<HandlerFuture>;
+    fn handle(self: Arc<Self>, ctx: Arc<ChangeContext<Self::Document>>) -> Option<HandlerFuture>;
 
     /// `#[on_error]`: what to do after a failed attempt; `None` means the default (retry).
     fn on_error(

@@ -165,7 +165,10 @@ mod tests {
     #[test]
     fn chain_lists_sources() {
         let e: HandlerError = Outer(std::io::Error::other("disk full")).into();
-        assert_eq!(e.chain(), vec!["outer".to_string(), "disk full".to_string()]);
+        assert_eq!(
+            e.chain(),
+            vec!["outer".to_string(), "disk full".to_string()]
+        );
         assert_eq!(format!("{e:#}"), "outer: disk full");
         assert_eq!(e.kind(), HandlerErrorKind::Failed);
     }

@@ -30,7 +30,10 @@ pub mod store_error;
 #[path = "private.rs"]
 pub mod __private;
 
+pub use backend::Backend;
+pub use checkpoint::{Checkpoint, CheckpointStore, StoredPosition};
 pub use context::{ChangeContext, DecodeError, EventId};
+pub use dead_letter::{DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadLetterStore};
 pub use definition::{
     CheckpointConfig, FullDocument, FullDocumentBeforeChange, OnHistoryLost, RestartConfig,
     ResumeStrategy, RetryConfig, StartPosition, StreamDefinition,
@@ -38,14 +41,19 @@ pub use definition::{
 pub use event::{ChangeEvent, Namespace, OperationType, ResumeToken, UpdateDescription};
 pub use handler::{AnyStream, CollectionName, HandlerFuture, StreamHandler};
 pub use handler_error::{ErrorAction, HandlerError, HandlerErrorKind, IntoHandlerResult};
-pub use checkpoint::{Checkpoint, CheckpointStore, StoredPosition};
-pub use dead_letter::{DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadLetterStore};
-pub use source::{ChangeCursor, ChangeSource, SourceError, SourceErrorKind, SourceItem, StartAt, WatchSpec};
+pub use memory::MemoryBackend;
+pub use runtime::{
+    builder, run, Builder, ControlError, DeadLetterError, DeadLetters, RunError, Runtime,
+    RuntimeHandle, StartupError,
+};
+pub use source::{
+    ChangeCursor, ChangeSource, SourceError, SourceErrorKind, SourceItem, StartAt, WatchSpec,
+};
 pub use status::{Halt, HaltReason, StreamCounters, StreamState, StreamStatus};
 pub use store_error::{StoreError, StoreErrorKind};
-pub use backend::Backend;
-pub use memory::MemoryBackend;
-pub use runtime::{builder, run, Builder, ControlError, DeadLetterError, DeadLetters, RunError, Runtime, RuntimeHandle, StartupError};
 
 #[doc(inline)]
-pub use flowwarden_rs_macros::{change_stream, checkpoint, on_change, on_delete, on_error, on_insert, on_replace, on_update, pipeline, filter, restart, retry};
+pub use flowwarden_rs_macros::{
+    change_stream, checkpoint, filter, on_change, on_delete, on_error, on_insert, on_replace,
+    on_update, pipeline, restart, retry,
+};

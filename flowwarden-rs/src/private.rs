@@ -15,9 +15,7 @@ pub use crate::definition::{
 };
 pub use crate::event::OperationType;
 pub use crate::handler::{AnyStream, CollectionName, HandlerFuture, StreamHandler};
-pub use crate::handler_error::{
-    ErrorAction, HandlerError, HandlerErrorKind, IntoHandlerResult,
-};
+pub use crate::handler_error::{ErrorAction, HandlerError, HandlerErrorKind, IntoHandlerResult};
 pub use crate::registry::Registration;
 
 /// Boxes an async handler attempt.

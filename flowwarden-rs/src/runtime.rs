@@ -77,7 +77,9 @@ pub enum DeadLetterError {
     #[error("no dead-letter record '{0}'")]
     NotFound(String),
     /// The record's stream is not part of this runtime.
-    #[error("dead-letter record '{id}' belongs to stream '{stream}', which this runtime does not run")]
+    #[error(
+        "dead-letter record '{id}' belongs to stream '{stream}', which this runtime does not run"
+    )]
     UnknownStream {
         /// The record.
         id: String,
@@ -239,7 +241,9 @@ impl Builder {
         if let Some(only) = &self.only {
             for name in only {
                 if !chosen.iter().any(|s| s.definition().name == name) {
-                    problems.push(format!("`only` names stream '{name}', which is not registered"));
+                    problems.push(format!(
+                        "`only` names stream '{name}', which is not registered"
+                    ));
                 }
             }
         }
@@ -330,7 +334,10 @@ impl Builder {
             if def.is_some_and(|d| d.enabled && d.auto_start) {
                 let _ = handle.start(status.name);
             } else {
-                info!(stream = status.name, "stream registered but not started (enabled = false or auto_start = false)");
+                info!(
+                    stream = status.name,
+                    "stream registered but not started (enabled = false or auto_start = false)"
+                );
             }
         }
         Ok(Runtime { handle })
@@ -339,7 +346,10 @@ impl Builder {
 
 fn check_definition(def: &StreamDefinition) -> Vec<String> {
     let mut p = Vec::new();
-    let at = format!("stream '{}' ({} at {})", def.name, def.type_name, def.source);
+    let at = format!(
+        "stream '{}' ({} at {})",
+        def.name, def.type_name, def.source
+    );
     if def.name.trim().is_empty() {
         p.push(format!("{at}: the name is empty"));
     }
@@ -350,7 +360,9 @@ fn check_definition(def: &StreamDefinition) -> Vec<String> {
         p.push(format!("{at}: save_every_n must be at least 1"));
     }
     if def.retry.max_attempts == 0 {
-        p.push(format!("{at}: retry max_attempts must be at least 1 (it counts the first try)"));
+        p.push(format!(
+            "{at}: retry max_attempts must be at least 1 (it counts the first try)"
+        ));
     }
     if def.restart.initial_delay_ms == 0 {
         p.push(format!("{at}: restart initial_delay_ms must not be 0"));
@@ -368,7 +380,10 @@ fn log_warnings(def: &StreamDefinition, has_dead_letters: bool) {
         warn!(stream = def.name, "on_history_lost = ResumeFromNow accepts a gap when history is lost (it is logged and counted, but the changes are not delivered)");
     }
     if !has_dead_letters {
-        warn!(stream = def.name, "no dead-letter store: an event that exhausts its retries halts the stream");
+        warn!(
+            stream = def.name,
+            "no dead-letter store: an event that exhausts its retries halts the stream"
+        );
     }
 }
 
@@ -488,7 +503,10 @@ impl RuntimeHandle {
 
     /// One stream's status.
     pub fn status(&self, name: &str) -> Option<StreamStatus> {
-        self.inner.lock_slots().get(name).map(|s| s.status.snapshot())
+        self.inner
+            .lock_slots()
+            .get(name)
+            .map(|s| s.status.snapshot())
     }
 
     /// One stream's definition.
@@ -626,10 +644,17 @@ impl RuntimeHandle {
     fn all_halted(&self) -> Option<Vec<Halt>> {
         let slots = self.inner.lock_slots();
         let started: Vec<&Slot> = slots.values().filter(|s| s.task.is_some()).collect();
-        if started.is_empty() || started.iter().any(|s| s.task.as_ref().is_some_and(|t| !t.is_finished())) {
+        if started.is_empty()
+            || started
+                .iter()
+                .any(|s| s.task.as_ref().is_some_and(|t| !t.is_finished()))
+        {
             return None;
         }
-        let halts: Vec<Halt> = started.iter().filter_map(|s| s.status.snapshot().halt).collect();
+        let halts: Vec<Halt> = started
+            .iter()
+            .filter_map(|s| s.status.snapshot().halt)
+            .collect();
         (halts.len() == started.len()).then_some(halts)
     }
 
@@ -657,7 +682,10 @@ impl DeadLetters {
     }
 
     /// Lists records, oldest first.
-    pub async fn list(&self, query: &DeadLetterQuery) -> Result<Vec<DeadLetterRecord>, DeadLetterError> {
+    pub async fn list(
+        &self,
+        query: &DeadLetterQuery,
+    ) -> Result<Vec<DeadLetterRecord>, DeadLetterError> {
         Ok(self.store()?.list(query).await?)
     }
 
@@ -699,7 +727,11 @@ impl DeadLetters {
 
     /// Marks a record discarded (kept for audit, no longer pending).
     pub async fn discard(&self, id: &str) -> Result<(), DeadLetterError> {
-        if self.store()?.set_status(id, DeadLetterStatus::Discarded).await? {
+        if self
+            .store()?
+            .set_status(id, DeadLetterStatus::Discarded)
+            .await?
+        {
             info!(id, "dead letter discarded");
             Ok(())
         } else {

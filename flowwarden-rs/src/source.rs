@@ -53,7 +53,9 @@ impl fmt::Display for StartAt {
         match self {
             StartAt::ResumeAfter(t) => write!(f, "resumeAfter {t}"),
             StartAt::StartAfter(t) => write!(f, "startAfter {t}"),
-            StartAt::OperationTime(ts) => write!(f, "startAtOperationTime {}.{}", ts.time, ts.increment),
+            StartAt::OperationTime(ts) => {
+                write!(f, "startAtOperationTime {}.{}", ts.time, ts.increment)
+            }
             StartAt::Now => f.write_str("now"),
             StartAt::OldestAvailable => f.write_str("the oldest retained entry"),
         }

@@ -26,8 +26,10 @@ async fn routes_every_operation_in_order_and_checkpoints_after_the_last() {
     let rt = start(&backend, &probe, def("basic", |_| {})).await;
     let c = backend.collection("orders");
     c.insert_one(doc! {"_id": 1, "status": "NEW"}).unwrap();
-    c.update_one(doc! {"_id": 1}, doc! {"$set": {"status": "PAID"}}).unwrap();
-    c.replace_one(doc! {"_id": 1}, doc! {"status": "SHIPPED"}).unwrap();
+    c.update_one(doc! {"_id": 1}, doc! {"$set": {"status": "PAID"}})
+        .unwrap();
+    c.replace_one(doc! {"_id": 1}, doc! {"status": "SHIPPED"})
+        .unwrap();
     c.delete_one(doc! {"_id": 1}).unwrap();
     wait_until("4 handled", || probe.successes().len() == 4).await;
     let ops: Vec<String> = probe.successes().into_iter().map(|c| c.op).collect();
@@ -51,7 +53,9 @@ async fn resumable_error_while_a_handler_runs_loses_nothing() {
     let probe = Probe::new(move |ctx| {
         let (g, s, first) = (g.clone(), s.clone(), first.clone());
         async move {
-            if ctx.document_key() == Some(&doc! {"_id": 1}) && first.fetch_add(1, Ordering::SeqCst) == 0 {
+            if ctx.document_key() == Some(&doc! {"_id": 1})
+                && first.fetch_add(1, Ordering::SeqCst) == 0
+            {
                 s.notify_one();
                 g.notified().await;
             }
@@ -67,13 +71,22 @@ async fn resumable_error_while_a_handler_runs_loses_nothing() {
     insert_ids(&backend, [2]);
     tokio::time::sleep(Duration::from_millis(50)).await;
     gate.notify_one();
-    wait_until("2 handled", || probe.handled_keys().contains(&Bson::Int32(2))).await;
+    wait_until("2 handled", || {
+        probe.handled_keys().contains(&Bson::Int32(2))
+    })
+    .await;
     let st = rt.handle().status("cut").unwrap();
-    assert!(st.counters.restarts >= 1, "the stream was re-opened: {st:?}");
+    assert!(
+        st.counters.restarts >= 1,
+        "the stream was re-opened: {st:?}"
+    );
     assert!(backend.faults().opens() >= 2);
     rt.shutdown().await;
     assert_eq!(probe.handled_keys(), ids(&[1, 2]));
-    assert_eq!(stored_tokens(&backend, "cut").1.as_deref(), Some(token_of(2).as_str()));
+    assert_eq!(
+        stored_tokens(&backend, "cut").1.as_deref(),
+        Some(token_of(2).as_str())
+    );
 }
 
 /// The source itself redelivers an event it already delivered (a driver that resumed from an
@@ -88,12 +101,22 @@ async fn a_redelivered_event_is_processed_again_not_dropped() {
     wait_until("1 handled", || probe.successes().len() == 1).await;
     backend.faults().rewind_cursors(1);
     insert_ids(&backend, [2]);
-    wait_until("2 handled", || probe.handled_keys().contains(&Bson::Int32(2))).await;
+    wait_until("2 handled", || {
+        probe.handled_keys().contains(&Bson::Int32(2))
+    })
+    .await;
     let st = rt.handle().status("redeliver").unwrap();
     rt.shutdown().await;
-    assert_eq!(probe.handled_keys(), ids(&[1, 1, 2]), "1 is handled again, then 2");
+    assert_eq!(
+        probe.handled_keys(),
+        ids(&[1, 1, 2]),
+        "1 is handled again, then 2"
+    );
     assert_eq!(st.counters.redelivered, 1);
-    assert_eq!(stored_tokens(&backend, "redeliver").1.as_deref(), Some(token_of(2).as_str()));
+    assert_eq!(
+        stored_tokens(&backend, "redeliver").1.as_deref(),
+        Some(token_of(2).as_str())
+    );
 }
 
 /// A change whose handling is deferred (its deduplication claim is still held elsewhere, so
@@ -108,9 +131,14 @@ async fn checkpoint_never_passes_a_deferred_change() {
     let probe = Probe::new(move |ctx| {
         let (h, claims) = (h.clone(), claims.clone());
         async move {
-            let key = ctx.document_key().and_then(|k| k.get("_id").cloned()).unwrap();
+            let key = ctx
+                .document_key()
+                .and_then(|k| k.get("_id").cloned())
+                .unwrap();
             if key == Bson::Int32(1) && claims.fetch_add(1, Ordering::SeqCst) < 2 {
-                return Err(HandlerError::msg("dedup claim for order 1 is held by another worker"));
+                return Err(HandlerError::msg(
+                    "dedup claim for order 1 is held by another worker",
+                ));
             }
             h.lock().unwrap().push(key);
             Ok(())
@@ -139,13 +167,26 @@ async fn checkpoint_never_passes_a_deferred_change() {
     for (seen, processed, one_done) in observed {
         if !one_done {
             for t in [seen, processed].into_iter().flatten() {
-                assert!(t < token_of(1), "checkpoint {t} passed the deferred change 1");
+                assert!(
+                    t < token_of(1),
+                    "checkpoint {t} passed the deferred change 1"
+                );
             }
         }
     }
     assert_eq!(*handled.lock().unwrap(), ids(&[1, 2]));
-    assert_eq!(probe.calls().iter().filter(|c| c.key == Some(Bson::Int32(1))).count(), 3);
-    assert_eq!(stored_tokens(&backend, "deferred").1.as_deref(), Some(token_of(2).as_str()));
+    assert_eq!(
+        probe
+            .calls()
+            .iter()
+            .filter(|c| c.key == Some(Bson::Int32(1)))
+            .count(),
+        3
+    );
+    assert_eq!(
+        stored_tokens(&backend, "deferred").1.as_deref(),
+        Some(token_of(2).as_str())
+    );
 }
 
 async fn crash_after_receive(strategy: ResumeStrategy) {
@@ -170,13 +211,20 @@ async fn crash_after_receive(strategy: ResumeStrategy) {
     // Let the heartbeat run while change 2 is in flight: it must not record 2.
     tokio::time::sleep(Duration::from_secs(3)).await;
     rt.handle().__crash().await;
-    assert_eq!(stored_tokens(&backend, name).0.as_deref(), Some(token_of(1).as_str()));
+    assert_eq!(
+        stored_tokens(&backend, name).0.as_deref(),
+        Some(token_of(1).as_str())
+    );
 
     let again = Probe::default();
     let rt = start(&backend, &again, d).await;
     wait_until("2 redelivered", || again.successes().len() == 1).await;
     rt.shutdown().await;
-    assert_eq!(again.handled_keys(), ids(&[2]), "exactly the unsettled change is delivered again");
+    assert_eq!(
+        again.handled_keys(),
+        ids(&[2]),
+        "exactly the unsettled change is delivered again"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -194,7 +242,9 @@ async fn crash_before_the_handler_returns_redelivers_seen_first() {
 #[tokio::test(start_paused = true)]
 async fn filter_heavy_idle_stream_resumes_near_the_head() {
     let backend = MemoryBackend::new();
-    let d = def("picky", |d| d.checkpoint.resume_strategy = ResumeStrategy::ProcessedFirst);
+    let d = def("picky", |d| {
+        d.checkpoint.resume_strategy = ResumeStrategy::ProcessedFirst
+    });
     let probe = Probe::default().with_filter(|_| false);
     let rt = start(&backend, &probe, d).await;
     insert_ids(&backend, 1..=200);
@@ -212,7 +262,10 @@ async fn filter_heavy_idle_stream_resumes_near_the_head() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let st2 = rt.handle().status("picky").unwrap();
     rt.shutdown().await;
-    assert_eq!(st.counters.received, 1, "only the new change was read: {st:?}");
+    assert_eq!(
+        st.counters.received, 1,
+        "only the new change was read: {st:?}"
+    );
     assert_eq!(st2.counters.received, 1);
 }
 
@@ -220,17 +273,28 @@ async fn filter_heavy_idle_stream_resumes_near_the_head() {
 #[tokio::test(start_paused = true)]
 async fn idle_post_batch_tokens_advance_the_seen_position() {
     let backend = MemoryBackend::new();
-    backend.collection("elsewhere").insert_many((0..50).map(|i| doc! {"_id": i})).unwrap();
+    backend
+        .collection("elsewhere")
+        .insert_many((0..50).map(|i| doc! {"_id": i}))
+        .unwrap();
     let probe = Probe::default();
     let rt = start(&backend, &probe, def("quiet", |_| {})).await;
-    backend.collection("elsewhere").insert_many((50..60).map(|i| doc! {"_id": i})).unwrap();
+    backend
+        .collection("elsewhere")
+        .insert_many((50..60).map(|i| doc! {"_id": i}))
+        .unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
     rt.shutdown().await;
     assert!(probe.calls().is_empty());
-    assert_eq!(stored_tokens(&backend, "quiet").0.as_deref(), Some(token_of(60).as_str()));
+    assert_eq!(
+        stored_tokens(&backend, "quiet").0.as_deref(),
+        Some(token_of(60).as_str())
+    );
 }
 
-async fn history_lost_run(policy: OnHistoryLost) -> (MemoryBackend, Probe, flowwarden::StreamStatus) {
+async fn history_lost_run(
+    policy: OnHistoryLost,
+) -> (MemoryBackend, Probe, flowwarden::StreamStatus) {
     let backend = MemoryBackend::new();
     let name: &'static str = match policy {
         OnHistoryLost::Fail => "lost-fail",
@@ -249,10 +313,15 @@ async fn history_lost_run(policy: OnHistoryLost) -> (MemoryBackend, Probe, floww
     let probe = Probe::default();
     let rt = start(&backend, &probe, d).await;
     let st = match policy {
-        OnHistoryLost::Fail => wait_status(&rt, name, |s| s.state == StreamState::HistoryLost).await,
+        OnHistoryLost::Fail => {
+            wait_status(&rt, name, |s| s.state == StreamState::HistoryLost).await
+        }
         _ => {
             insert_ids(&backend, [6]);
-            wait_until("6 handled", || probe.handled_keys().contains(&Bson::Int32(6))).await;
+            wait_until("6 handled", || {
+                probe.handled_keys().contains(&Bson::Int32(6))
+            })
+            .await;
             rt.handle().status(name).unwrap()
         }
     };
@@ -267,11 +336,18 @@ async fn history_lost_with_fail_refuses_to_start_and_says_why() {
     assert_eq!(halt.reason, HaltReason::HistoryLost);
     assert_eq!(halt.runbook, "docs/runbooks/history-lost.md");
     assert!(halt.message.contains("lost-fail"), "{}", halt.message);
-    assert!(halt.message.contains("2026-"), "names the last checkpoint time: {}", halt.message);
+    assert!(
+        halt.message.contains("2026-"),
+        "names the last checkpoint time: {}",
+        halt.message
+    );
     assert!(probe.calls().is_empty());
     assert_eq!(st.counters.history_lost, 0);
     // The checkpoint was not reset.
-    assert_eq!(stored_tokens(&backend, "lost-fail").1.as_deref(), Some(token_of(2).as_str()));
+    assert_eq!(
+        stored_tokens(&backend, "lost-fail").1.as_deref(),
+        Some(token_of(2).as_str())
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -293,20 +369,30 @@ async fn history_lost_with_resume_from_now_skips_to_new_changes_loudly() {
 #[tokio::test(start_paused = true)]
 async fn a_step_down_during_the_resume_check_is_not_history_lost() {
     let backend = MemoryBackend::new();
-    let d = def("stepdown", |d| d.checkpoint.on_history_lost = OnHistoryLost::ResumeFromNow);
+    let d = def("stepdown", |d| {
+        d.checkpoint.on_history_lost = OnHistoryLost::ResumeFromNow
+    });
     let probe = Probe::default();
     let rt = start(&backend, &probe, d).await;
     insert_ids(&backend, [1]);
     wait_until("1 handled", || probe.successes().len() == 1).await;
     rt.shutdown().await;
     insert_ids(&backend, [2]);
-    backend.faults().fail_next_opens(3, flowwarden::SourceErrorKind::Resumable, "not primary (10107)");
+    backend.faults().fail_next_opens(
+        3,
+        flowwarden::SourceErrorKind::Resumable,
+        "not primary (10107)",
+    );
     let probe = Probe::default();
     let rt = start(&backend, &probe, d).await;
     wait_until("2 handled", || probe.successes().len() == 1).await;
     let st = rt.handle().status("stepdown").unwrap();
     rt.shutdown().await;
-    assert_eq!(probe.handled_keys(), ids(&[2]), "resumed from the checkpoint, not from now");
+    assert_eq!(
+        probe.handled_keys(),
+        ids(&[2]),
+        "resumed from the checkpoint, not from now"
+    );
     assert_eq!(st.counters.history_lost, 0);
     assert_eq!(st.counters.restarts, 3);
 }
@@ -314,16 +400,31 @@ async fn a_step_down_during_the_resume_check_is_not_history_lost() {
 #[tokio::test(start_paused = true)]
 async fn a_handler_that_fails_twice_then_succeeds_is_retried() {
     let backend = MemoryBackend::new();
-    let probe = Probe::new(|ctx| async move {
-        if ctx.attempt() < 3 { Err(HandlerError::msg("transient")) } else { Ok(()) }
-    }.boxed());
+    let probe = Probe::new(|ctx| {
+        async move {
+            if ctx.attempt() < 3 {
+                Err(HandlerError::msg("transient"))
+            } else {
+                Ok(())
+            }
+        }
+        .boxed()
+    });
     let rt = start(&backend, &probe, def("flaky", |_| {})).await;
     insert_ids(&backend, [1]);
     wait_until("handled", || probe.successes().len() == 1).await;
     let st = rt.handle().status("flaky").unwrap();
-    let dead = rt.handle().dead_letters().list(&Default::default()).await.unwrap();
+    let dead = rt
+        .handle()
+        .dead_letters()
+        .list(&Default::default())
+        .await
+        .unwrap();
     rt.shutdown().await;
-    assert_eq!(probe.calls().iter().map(|c| c.attempt).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(
+        probe.calls().iter().map(|c| c.attempt).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
     assert_eq!(st.counters.retried, 2);
     assert!(dead.is_empty());
 }
@@ -334,44 +435,69 @@ async fn a_handler_that_always_fails_is_dead_lettered_and_the_stream_goes_on() {
     #[error("payment service refused")]
     struct Refused(#[source] std::io::Error);
     let backend = MemoryBackend::new();
-    let probe = Probe::new(|ctx| async move {
-        if ctx.document_key() == Some(&doc! {"_id": 1}) {
-            Err(Refused(std::io::Error::other("connection reset")).into())
-        } else {
-            Ok(())
+    let probe = Probe::new(|ctx| {
+        async move {
+            if ctx.document_key() == Some(&doc! {"_id": 1}) {
+                Err(Refused(std::io::Error::other("connection reset")).into())
+            } else {
+                Ok(())
+            }
         }
-    }.boxed());
+        .boxed()
+    });
     let rt = start(&backend, &probe, def("poison", |_| {})).await;
     insert_ids(&backend, [1, 2]);
     wait_until("2 handled", || probe.handled_keys() == ids(&[2])).await;
-    let dead = rt.handle().dead_letters().list(&Default::default()).await.unwrap();
+    let dead = rt
+        .handle()
+        .dead_letters()
+        .list(&Default::default())
+        .await
+        .unwrap();
     rt.shutdown().await;
     assert_eq!(dead.len(), 1);
     let r = &dead[0];
     assert_eq!(r.stream, "poison");
     assert_eq!(r.attempts, 3);
-    assert_eq!(r.error_chain, ["payment service refused", "connection reset"]);
+    assert_eq!(
+        r.error_chain,
+        ["payment service refused", "connection reset"]
+    );
     assert_eq!(r.operation_type, "insert");
     assert_eq!(r.document_key, Some(doc! {"_id": 1}));
     assert_eq!(r.token.data(), Some(token_of(1).as_str()));
-    assert_eq!(r.event.get_document("fullDocument").unwrap(), &doc! {"_id": 1, "n": 1});
+    assert_eq!(
+        r.event.get_document("fullDocument").unwrap(),
+        &doc! {"_id": 1, "n": 1}
+    );
     assert!(r.first_failed_at <= r.last_failed_at);
-    assert_eq!(stored_tokens(&backend, "poison").1.as_deref(), Some(token_of(2).as_str()));
+    assert_eq!(
+        stored_tokens(&backend, "poison").1.as_deref(),
+        Some(token_of(2).as_str())
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_panicking_handler_counts_as_a_failure() {
     let backend = MemoryBackend::new();
-    let probe = Probe::new(|ctx| async move {
-        if ctx.document_key() == Some(&doc! {"_id": 1}) {
-            panic!("index out of bounds");
+    let probe = Probe::new(|ctx| {
+        async move {
+            if ctx.document_key() == Some(&doc! {"_id": 1}) {
+                panic!("index out of bounds");
+            }
+            Ok(())
         }
-        Ok(())
-    }.boxed());
+        .boxed()
+    });
     let rt = start(&backend, &probe, def("panics", |_| {})).await;
     insert_ids(&backend, [1, 2]);
     wait_until("2 handled", || probe.handled_keys() == ids(&[2])).await;
-    let dead = rt.handle().dead_letters().list(&Default::default()).await.unwrap();
+    let dead = rt
+        .handle()
+        .dead_letters()
+        .list(&Default::default())
+        .await
+        .unwrap();
     rt.shutdown().await;
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].error_kind, "Panicked");
@@ -391,40 +517,67 @@ async fn a_panicking_filter_fails_the_event_not_the_stream() {
     let rt = start(&backend, &probe, def("bad-filter", |_| {})).await;
     insert_ids(&backend, [1, 2]);
     wait_until("2 handled", || probe.handled_keys() == ids(&[2])).await;
-    let dead = rt.handle().dead_letters().list(&Default::default()).await.unwrap();
+    let dead = rt
+        .handle()
+        .dead_letters()
+        .list(&Default::default())
+        .await
+        .unwrap();
     rt.shutdown().await;
     assert_eq!(dead.len(), 1);
-    assert!(dead[0].error_chain[0].contains("filter bug"), "{:?}", dead[0].error_chain);
+    assert!(
+        dead[0].error_chain[0].contains("filter bug"),
+        "{:?}",
+        dead[0].error_chain
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn graceful_shutdown_lets_the_in_flight_handler_finish_and_checkpoints_it() {
     let backend = MemoryBackend::new();
-    let probe = Probe::new(|_| async {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        Ok(())
-    }.boxed());
-    let rt = start(&backend, &probe, def("graceful", |d| d.checkpoint.save_every_n = 100)).await;
+    let probe = Probe::new(|_| {
+        async {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok(())
+        }
+        .boxed()
+    });
+    let rt = start(
+        &backend,
+        &probe,
+        def("graceful", |d| d.checkpoint.save_every_n = 100),
+    )
+    .await;
     insert_ids(&backend, [1]);
     wait_until("received", || probe.calls().len() == 1).await;
     rt.shutdown().await;
     assert_eq!(probe.successes().len(), 1, "the in-flight handler finished");
-    assert_eq!(stored_tokens(&backend, "graceful").1.as_deref(), Some(token_of(1).as_str()));
+    assert_eq!(
+        stored_tokens(&backend, "graceful").1.as_deref(),
+        Some(token_of(1).as_str())
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_handler_past_the_shutdown_timeout_is_abandoned_unsettled() {
     let backend = MemoryBackend::new();
-    let probe = Probe::new(|_| async {
-        tokio::time::sleep(Duration::from_secs(600)).await;
-        Ok(())
-    }.boxed());
+    let probe = Probe::new(|_| {
+        async {
+            tokio::time::sleep(Duration::from_secs(600)).await;
+            Ok(())
+        }
+        .boxed()
+    });
     let rt = start(&backend, &probe, def("slow-stop", |_| {})).await;
     insert_ids(&backend, [1]);
     wait_until("received", || probe.calls().len() == 1).await;
     rt.shutdown().await;
     assert!(probe.successes().is_empty());
-    assert_eq!(stored_tokens(&backend, "slow-stop").1, None, "the abandoned event is not checkpointed");
+    assert_eq!(
+        stored_tokens(&backend, "slow-stop").1,
+        None,
+        "the abandoned event is not checkpointed"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -440,8 +593,14 @@ async fn stopping_a_stream_flushes_its_settled_progress() {
     wait_until("3 handled", || probe.successes().len() == 3).await;
     assert_eq!(stored_tokens(&backend, "flush").1, None, "not yet due");
     rt.handle().stop("flush").await.unwrap();
-    assert_eq!(stored_tokens(&backend, "flush").1.as_deref(), Some(token_of(3).as_str()));
-    assert_eq!(rt.handle().status("flush").unwrap().state, StreamState::Stopped);
+    assert_eq!(
+        stored_tokens(&backend, "flush").1.as_deref(),
+        Some(token_of(3).as_str())
+    );
+    assert_eq!(
+        rt.handle().status("flush").unwrap().state,
+        StreamState::Stopped
+    );
     rt.shutdown().await;
 }
 
@@ -449,14 +608,21 @@ async fn stopping_a_stream_flushes_its_settled_progress() {
 async fn exhausted_retries_without_a_dead_letter_store_halt_instead_of_dropping() {
     let backend = MemoryBackend::new();
     let probe = Probe::new(|_| async { Err(HandlerError::msg("always")) }.boxed());
-    let rt = start_with(&backend, &probe, def("no-dlq", |_| {}), |b| b.without_dead_letters()).await;
+    let rt = start_with(&backend, &probe, def("no-dlq", |_| {}), |b| {
+        b.without_dead_letters()
+    })
+    .await;
     insert_ids(&backend, [1]);
     let st = wait_status(&rt, "no-dlq", |s| s.halt.is_some()).await;
     rt.shutdown().await;
     let halt = st.halt.unwrap();
     assert_eq!(halt.reason, HaltReason::NoDeadLetterStore);
     assert_eq!(halt.runbook, "docs/runbooks/handler-failures.md");
-    assert_eq!(stored_tokens(&backend, "no-dlq").1, None, "the failed event is not settled");
+    assert_eq!(
+        stored_tokens(&backend, "no-dlq").1,
+        None,
+        "the failed event is not settled"
+    );
     // On restart (with a store) the event comes back.
     let probe = Probe::default();
     let rt = start(&backend, &probe, def("no-dlq", |_| {})).await;
@@ -469,7 +635,10 @@ async fn a_failing_dead_letter_write_leaves_the_event_unsettled_then_halts() {
     let backend = MemoryBackend::new();
     backend.faults().fail_next_dead_letter_puts(1_000);
     let probe = Probe::new(|_| async { Err(HandlerError::msg("always")) }.boxed());
-    let rt = start_with(&backend, &probe, def("dlq-down", |_| {}), |b| b.dead_letter_write_attempts(3)).await;
+    let rt = start_with(&backend, &probe, def("dlq-down", |_| {}), |b| {
+        b.dead_letter_write_attempts(3)
+    })
+    .await;
     insert_ids(&backend, [1]);
     let st = wait_status(&rt, "dlq-down", |s| s.halt.is_some()).await;
     rt.shutdown().await;
@@ -488,7 +657,10 @@ async fn a_dead_letter_write_that_recovers_settles_the_event() {
     wait_status(&rt, "dlq-flaky", |s| s.counters.dead_lettered == 1).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     rt.shutdown().await;
-    assert_eq!(stored_tokens(&backend, "dlq-flaky").1.as_deref(), Some(token_of(1).as_str()));
+    assert_eq!(
+        stored_tokens(&backend, "dlq-flaky").1.as_deref(),
+        Some(token_of(1).as_str())
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -497,9 +669,17 @@ async fn a_dead_letter_record_too_large_is_truncated_with_a_marker() {
     backend.set_dead_letter_max_bytes(4_096);
     let probe = Probe::new(|_| async { Err(HandlerError::msg("always")) }.boxed());
     let rt = start(&backend, &probe, def("huge", |_| {})).await;
-    backend.collection("orders").insert_one(doc! {"_id": 1, "blob": "x".repeat(20_000)}).unwrap();
+    backend
+        .collection("orders")
+        .insert_one(doc! {"_id": 1, "blob": "x".repeat(20_000)})
+        .unwrap();
     wait_status(&rt, "huge", |s| s.counters.dead_lettered == 1).await;
-    let dead = rt.handle().dead_letters().list(&Default::default()).await.unwrap();
+    let dead = rt
+        .handle()
+        .dead_letters()
+        .list(&Default::default())
+        .await
+        .unwrap();
     rt.shutdown().await;
     assert!(dead[0].truncated);
     let marker = dead[0].event.get_document("_fw_truncated").unwrap();
@@ -518,7 +698,12 @@ async fn dead_letter_records_are_idempotent_per_event() {
     backend.faults().rewind_cursors(1);
     insert_ids(&backend, [2]);
     wait_status(&rt, "idem", |s| s.counters.dead_lettered == 3).await;
-    let dead = rt.handle().dead_letters().list(&Default::default()).await.unwrap();
+    let dead = rt
+        .handle()
+        .dead_letters()
+        .list(&Default::default())
+        .await
+        .unwrap();
     rt.shutdown().await;
     assert_eq!(dead.len(), 2, "one record per event, not per delivery");
     assert_eq!(dead[0].attempts, 6, "attempts of both deliveries are kept");
@@ -532,7 +717,11 @@ async fn dead_letters_can_be_replayed_and_discarded() {
     let probe = Probe::new(move |_| {
         let f = f.clone();
         async move {
-            if f.load(Ordering::SeqCst) { Err(HandlerError::msg("down")) } else { Ok(()) }
+            if f.load(Ordering::SeqCst) {
+                Err(HandlerError::msg("down"))
+            } else {
+                Ok(())
+            }
         }
         .boxed()
     });
@@ -541,7 +730,10 @@ async fn dead_letters_can_be_replayed_and_discarded() {
     wait_status(&rt, "replay", |s| s.counters.dead_lettered == 2).await;
     let dl = rt.handle().dead_letters();
     let records = dl.list(&Default::default()).await.unwrap();
-    assert!(matches!(dl.replay(&records[0].id).await, Err(flowwarden::DeadLetterError::ReplayFailed { .. })));
+    assert!(matches!(
+        dl.replay(&records[0].id).await,
+        Err(flowwarden::DeadLetterError::ReplayFailed { .. })
+    ));
     fail.store(false, Ordering::SeqCst);
     dl.replay(&records[0].id).await.unwrap();
     dl.discard(&records[1].id).await.unwrap();
@@ -563,7 +755,10 @@ async fn skip_is_counted_and_settles_and_halt_stops_without_settling() {
     rt.shutdown().await;
     assert_eq!(st.counters.dead_lettered, 0);
     assert_eq!(probe.calls().len(), 1, "skip does not retry");
-    assert_eq!(stored_tokens(&backend, "skipper").1.as_deref(), Some(token_of(1).as_str()));
+    assert_eq!(
+        stored_tokens(&backend, "skipper").1.as_deref(),
+        Some(token_of(1).as_str())
+    );
 
     let backend = MemoryBackend::new();
     let probe = Probe::new(|_| async { Err(HandlerError::msg("nope")) }.boxed())
@@ -579,16 +774,30 @@ async fn skip_is_counted_and_settles_and_halt_stops_without_settling() {
 #[tokio::test(start_paused = true)]
 async fn a_corrupt_checkpoint_stops_the_stream_naming_it_and_the_field() {
     let backend = MemoryBackend::new();
-    backend.put_checkpoint_document("scarred", doc! {"_id": "scarred", "lastSeenToken": 42, "updatedAt": bson::DateTime::now()});
+    backend.put_checkpoint_document(
+        "scarred",
+        doc! {"_id": "scarred", "lastSeenToken": 42, "updatedAt": bson::DateTime::now()},
+    );
     let probe = Probe::default();
     let rt = start(&backend, &probe, def("scarred", |_| {})).await;
     let st = wait_status(&rt, "scarred", |s| s.halt.is_some()).await;
     rt.shutdown().await;
     let halt = st.halt.unwrap();
     assert_eq!(halt.reason, HaltReason::CorruptCheckpoint);
-    assert!(halt.message.contains("scarred") && halt.message.contains("lastSeenToken"), "{}", halt.message);
+    assert!(
+        halt.message.contains("scarred") && halt.message.contains("lastSeenToken"),
+        "{}",
+        halt.message
+    );
     assert_eq!(halt.runbook, "docs/runbooks/corrupt-checkpoint.md");
-    assert!(backend.checkpoint_document("scarred").unwrap().get_i32("lastSeenToken").is_ok(), "not reset");
+    assert!(
+        backend
+            .checkpoint_document("scarred")
+            .unwrap()
+            .get_i32("lastSeenToken")
+            .is_ok(),
+        "not reset"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -670,5 +879,9 @@ async fn the_crash_test_catches_the_classic_seen_as_done_bug() {
     insert_ids(&backend, [3]);
     wait_until("3 handled", || !again.successes().is_empty()).await;
     rt.shutdown().await;
-    assert_eq!(again.handled_keys(), ids(&[3]), "change 2 was silently lost: the check would fail");
+    assert_eq!(
+        again.handled_keys(),
+        ids(&[3]),
+        "change 2 was silently lost: the check would fail"
+    );
 }

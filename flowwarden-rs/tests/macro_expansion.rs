@@ -138,7 +138,10 @@ impl FromDocumentType {
     async fn replaced(&self, _order: Order) {}
 }
 
-fn context<T: serde::de::DeserializeOwned>(stream: &'static str, raw: Document) -> ChangeContext<T> {
+fn context<T: serde::de::DeserializeOwned>(
+    stream: &'static str,
+    raw: Document,
+) -> ChangeContext<T> {
     let event = ChangeEvent::from_raw(raw).expect("valid raw event");
     ChangeContext::decode(stream, Arc::new(event)).expect("decodable event")
 }
@@ -153,7 +156,10 @@ fn with_document(op: &str, status: &str) -> Document {
     raw
 }
 
-async fn run<H: StreamHandler>(handler: &Arc<H>, raw: Document) -> Option<Result<(), HandlerError>> {
+async fn run<H: StreamHandler>(
+    handler: &Arc<H>,
+    raw: Document,
+) -> Option<Result<(), HandlerError>> {
     let ctx: ChangeContext<H::Document> = context(H::definition().name, raw);
     let fut = Arc::clone(handler).handle(Arc::new(ctx))?;
     Some(fut.await)
@@ -167,13 +173,20 @@ fn defaults_fill_every_unwritten_key() {
     assert_eq!(def.collection, "plain");
     assert_eq!(def.database, None);
     assert_eq!(def.full_document, FullDocument::Default);
-    assert_eq!(def.full_document_before_change, FullDocumentBeforeChange::Off);
+    assert_eq!(
+        def.full_document_before_change,
+        FullDocumentBeforeChange::Off
+    );
     assert!(def.enabled);
     assert!(def.auto_start);
     assert_eq!(def.checkpoint, CheckpointConfig::DEFAULT);
     assert_eq!(def.retry, RetryConfig::DEFAULT);
     assert_eq!(def.restart, RestartConfig::DEFAULT);
-    assert!(def.source.file.ends_with("macro_expansion.rs"), "{}", def.source);
+    assert!(
+        def.source.file.ends_with("macro_expansion.rs"),
+        "{}",
+        def.source
+    );
     assert!(def.source.line > 0);
     assert!(<PlainDefaults as StreamHandler>::pipeline().is_empty());
     let _ = PlainDefaults { _not_default: 0 };
@@ -186,7 +199,10 @@ fn written_keys_override_defaults() {
     assert_eq!(def.collection, "orders");
     assert_eq!(def.database, Some("shop"));
     assert_eq!(def.full_document, FullDocument::UpdateLookup);
-    assert_eq!(def.full_document_before_change, FullDocumentBeforeChange::WhenAvailable);
+    assert_eq!(
+        def.full_document_before_change,
+        FullDocumentBeforeChange::WhenAvailable
+    );
     assert!(!def.enabled);
     assert!(!def.auto_start);
     assert_eq!(
@@ -198,7 +214,10 @@ fn written_keys_override_defaults() {
             ..CheckpointConfig::DEFAULT
         }
     );
-    assert_eq!(def.checkpoint.resume_strategy, ResumeStrategy::ProcessedFirst);
+    assert_eq!(
+        def.checkpoint.resume_strategy,
+        ResumeStrategy::ProcessedFirst
+    );
     assert_eq!(
         def.retry,
         RetryConfig {
@@ -236,22 +255,40 @@ async fn insert_routes_to_on_insert_with_the_decoded_document() {
 async fn missing_document_for_a_t_parameter_fails_the_event() {
     let router = Arc::new(Router::default());
     let result = run(&router, event("insert")).await.expect("handled");
-    assert_eq!(result.unwrap_err().kind(), HandlerErrorKind::MissingDocument);
+    assert_eq!(
+        result.unwrap_err().kind(),
+        HandlerErrorKind::MissingDocument
+    );
     assert!(router.calls().is_empty(), "the handler must not run");
 }
 
 #[tokio::test]
 async fn stacked_update_and_replace_reach_the_same_method() {
     let router = Arc::new(Router::default());
-    run(&router, event("update")).await.expect("handled").unwrap();
-    run(&router, with_document("replace", "NEW")).await.expect("handled").unwrap();
-    assert_eq!(router.calls(), vec!["changed:update:none", "changed:replace:NEW"]);
+    run(&router, event("update"))
+        .await
+        .expect("handled")
+        .unwrap();
+    run(&router, with_document("replace", "NEW"))
+        .await
+        .expect("handled")
+        .unwrap();
+    assert_eq!(
+        router.calls(),
+        vec!["changed:update:none", "changed:replace:NEW"]
+    );
 }
 
 #[tokio::test]
 async fn unhandled_operations_go_to_the_catch_all() {
     let router = Arc::new(Router::default());
-    for op in ["drop", "rename", "dropDatabase", "invalidate", "createIndexes"] {
+    for op in [
+        "drop",
+        "rename",
+        "dropDatabase",
+        "invalidate",
+        "createIndexes",
+    ] {
         run(&router, event(op)).await.expect("handled").unwrap();
     }
     assert_eq!(
@@ -273,13 +310,25 @@ async fn plain_fn_handler_runs_on_the_blocking_pool() {
     raw.insert("documentKey", doc! { "_id": 7 });
     run(&router, raw).await.expect("handled").unwrap();
     assert_eq!(router.calls(), vec!["delete:Some(7)"]);
-    let ran_on = router.blocking_thread.lock().unwrap().expect("delete handler ran");
-    assert_ne!(ran_on, std::thread::current().id(), "must not run on the async worker");
+    let ran_on = router
+        .blocking_thread
+        .lock()
+        .unwrap()
+        .expect("delete handler ran");
+    assert_ne!(
+        ran_on,
+        std::thread::current().id(),
+        "must not run on the async worker"
+    );
 
     let mut raw = event("delete");
     raw.insert("documentKey", doc! { "_id": 13 });
     let err = run(&router, raw).await.expect("handled").unwrap_err();
-    assert_eq!(err.chain(), vec!["unlucky".to_owned()], "the user's error converts");
+    assert_eq!(
+        err.chain(),
+        vec!["unlucky".to_owned()],
+        "the user's error converts"
+    );
 }
 
 #[tokio::test]
@@ -289,7 +338,10 @@ async fn operations_without_handler_or_catch_all_are_not_taken() {
     assert!(run(&filtered, event("delete")).await.is_none());
     assert!(run(&filtered, event("drop")).await.is_none());
     let result = run(&filtered, with_document("insert", "PAID")).await;
-    assert_eq!(result.expect("insert handled").unwrap_err().to_string(), "boom");
+    assert_eq!(
+        result.expect("insert handled").unwrap_err().to_string(),
+        "boom"
+    );
 }
 
 #[test]
@@ -306,17 +358,29 @@ fn filter_pipeline_and_on_error_are_wired() {
     );
 
     let boom = HandlerError::msg("boom");
-    assert_eq!(StreamHandler::on_error(&filtered, &boom, &paid), Some(ErrorAction::Skip));
+    assert_eq!(
+        StreamHandler::on_error(&filtered, &boom, &paid),
+        Some(ErrorAction::Skip)
+    );
     let other = HandlerError::msg("other");
-    assert_eq!(StreamHandler::on_error(&filtered, &other, &paid), Some(ErrorAction::Halt));
+    assert_eq!(
+        StreamHandler::on_error(&filtered, &other, &paid),
+        Some(ErrorAction::Halt)
+    );
 }
 
 #[test]
 fn without_hooks_the_trait_defaults_apply() {
     let router = Router::default();
     let ctx: ChangeContext<Order> = context("router", with_document("insert", "X"));
-    assert!(StreamHandler::filter(&router, &ctx), "no #[filter]: every event passes");
-    assert_eq!(StreamHandler::on_error(&router, &HandlerError::msg("x"), &ctx), None);
+    assert!(
+        StreamHandler::filter(&router, &ctx),
+        "no #[filter]: every event passes"
+    );
+    assert_eq!(
+        StreamHandler::on_error(&router, &HandlerError::msg("x"), &ctx),
+        None
+    );
     assert!(<Router as StreamHandler>::pipeline().is_empty());
 }
 
@@ -324,7 +388,9 @@ fn registration(name: &str) -> &'static Registration {
     let mut found = inventory::iter::<Registration>
         .into_iter()
         .filter(|r| (r.definition)().name == name);
-    let first = found.next().unwrap_or_else(|| panic!("`{name}` is not registered"));
+    let first = found
+        .next()
+        .unwrap_or_else(|| panic!("`{name}` is not registered"));
     assert!(found.next().is_none(), "`{name}` is registered twice");
     first
 }
@@ -332,7 +398,10 @@ fn registration(name: &str) -> &'static Registration {
 #[test]
 fn streams_are_registered_with_their_builders() {
     let plain = registration("plain-defaults");
-    assert!((plain.build_default)().is_none(), "no Default: the builder must supply it");
+    assert!(
+        (plain.build_default)().is_none(),
+        "no Default: the builder must supply it"
+    );
     assert_eq!((plain.type_id)(), TypeId::of::<PlainDefaults>());
 
     let router = registration("router");

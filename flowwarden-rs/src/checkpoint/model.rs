@@ -193,7 +193,10 @@ mod tests {
             stream: "orders".into(),
             last_processed: Some(StoredPosition {
                 token: ResumeToken::from_document(doc! {"_data": "0A"}),
-                cluster_time: Some(Timestamp { time: 1, increment: 2 }),
+                cluster_time: Some(Timestamp {
+                    time: 1,
+                    increment: 2,
+                }),
                 wall_time: Some(DateTime::from_millis(1000)),
                 start_after: false,
             }),
@@ -229,7 +232,10 @@ mod tests {
     fn missing_updated_at_is_corrupt() {
         let mut d = sample().to_document();
         d.remove("updatedAt");
-        assert_eq!(Checkpoint::from_document(&d).unwrap_err().field, "updatedAt");
+        assert_eq!(
+            Checkpoint::from_document(&d).unwrap_err().field,
+            "updatedAt"
+        );
     }
 
     #[test]

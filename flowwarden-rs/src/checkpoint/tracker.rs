@@ -107,7 +107,9 @@ impl Tracker {
         }
         while let Some(front) = self.pending.front() {
             let Some(how) = front.settled else { break };
-            let Some(done) = self.pending.pop_front() else { break };
+            let Some(done) = self.pending.pop_front() else {
+                break;
+            };
             if how.is_processed() {
                 self.processed = Some(done.position.clone());
                 self.processed_since_save += 1;

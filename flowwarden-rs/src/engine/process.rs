@@ -25,10 +25,7 @@ use crate::store_error::StoreError;
 #[derive(Debug)]
 pub(crate) enum EventOutcome {
     /// Settled; the checkpoint may move past it.
-    Settled {
-        how: Settlement,
-        save_now: bool,
-    },
+    Settled { how: Settlement, save_now: bool },
     /// The stream must halt; the event stays unsettled.
     Halt(Halt),
 }
@@ -59,7 +56,10 @@ pub(crate) fn call_filter<H: StreamHandler>(
         let mut e = super::panic_error(payload);
         e = HandlerError::kind_msg(
             HandlerErrorKind::Panicked,
-            format!("filter {}", e.chain().join(": ").trim_start_matches("handler ")),
+            format!(
+                "filter {}",
+                e.chain().join(": ").trim_start_matches("handler ")
+            ),
         );
         e
     })
@@ -77,7 +77,10 @@ fn on_error_action<H: StreamHandler>(
         Ok(Some(action)) => action,
         Ok(None) => ErrorAction::Retry,
         Err(_) => {
-            warn!(stream = ctx.stream_name(), "#[on_error] panicked; using the default action (retry)");
+            warn!(
+                stream = ctx.stream_name(),
+                "#[on_error] panicked; using the default action (retry)"
+            );
             ErrorAction::Retry
         }
     }

@@ -159,15 +159,24 @@ mod tests {
 
     #[test]
     fn processed_first_then_seen() {
-        let mut p = ResumePlan::initial(&def(ResumeStrategy::ProcessedFirst, StartPosition::Resume), Some(&cp()));
-        assert_eq!(p.candidate().map(|c| c.kind), Some(CandidateKind::Processed));
+        let mut p = ResumePlan::initial(
+            &def(ResumeStrategy::ProcessedFirst, StartPosition::Resume),
+            Some(&cp()),
+        );
+        assert_eq!(
+            p.candidate().map(|c| c.kind),
+            Some(CandidateKind::Processed)
+        );
         assert_eq!(p.advance().map(|c| c.kind), Some(CandidateKind::Seen));
         assert_eq!(p.advance(), None);
     }
 
     #[test]
     fn seen_first_then_processed() {
-        let mut p = ResumePlan::initial(&def(ResumeStrategy::SeenFirst, StartPosition::Resume), Some(&cp()));
+        let mut p = ResumePlan::initial(
+            &def(ResumeStrategy::SeenFirst, StartPosition::Resume),
+            Some(&cp()),
+        );
         assert_eq!(p.candidate().map(|c| c.kind), Some(CandidateKind::Seen));
         assert_eq!(p.advance().map(|c| c.kind), Some(CandidateKind::Processed));
     }
@@ -176,7 +185,10 @@ mod tests {
     fn no_checkpoint_or_latest_starts_at_head() {
         let p = ResumePlan::initial(&def(ResumeStrategy::SeenFirst, StartPosition::Resume), None);
         assert_eq!(p.candidate().map(|c| &c.at), Some(&StartAt::Now));
-        let p = ResumePlan::initial(&def(ResumeStrategy::SeenFirst, StartPosition::Latest), Some(&cp()));
+        let p = ResumePlan::initial(
+            &def(ResumeStrategy::SeenFirst, StartPosition::Latest),
+            Some(&cp()),
+        );
         assert_eq!(p.candidate().map(|c| &c.at), Some(&StartAt::Now));
     }
 
@@ -184,7 +196,10 @@ mod tests {
     fn equal_tokens_are_tried_once() {
         let mut c = cp();
         c.last_seen = c.last_processed.clone();
-        let mut p = ResumePlan::initial(&def(ResumeStrategy::ProcessedFirst, StartPosition::Resume), Some(&c));
+        let mut p = ResumePlan::initial(
+            &def(ResumeStrategy::ProcessedFirst, StartPosition::Resume),
+            Some(&c),
+        );
         assert!(p.candidate().is_some());
         assert_eq!(p.advance(), None);
     }

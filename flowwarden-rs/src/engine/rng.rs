@@ -25,10 +25,9 @@ impl Rng {
 
 /// Mixes a stream name into a seed, so streams of one runtime get different jitter.
 pub(crate) fn seed_for(seed: u64, name: &str) -> u64 {
-    name.bytes()
-        .fold(seed ^ 0xCBF2_9CE4_8422_2325, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3)
-        })
+    name.bytes().fold(seed ^ 0xCBF2_9CE4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3)
+    })
 }
 
 #[cfg(test)]

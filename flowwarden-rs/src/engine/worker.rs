@@ -212,7 +212,10 @@ impl<H: StreamHandler> Worker<H> {
                 Err(e) if e.kind == StoreErrorKind::Corrupt => {
                     return Err(StreamExit::Halted(halt(
                         HaltReason::CorruptCheckpoint,
-                        format!("stream '{name}' cannot start: {}; it was not reset", e.message),
+                        format!(
+                            "stream '{name}' cannot start: {}; it was not reset",
+                            e.message
+                        ),
                     )));
                 }
                 Err(e) => {
@@ -268,11 +271,17 @@ impl<H: StreamHandler> Worker<H> {
         match (from.map(|f| f.0), next) {
             (Some(CandidateKind::Processed), Some(CandidateKind::Seen)) => {
                 self.metrics.fallback_to_seen.increment(1);
-                warn!(stream = self.def.name, "falling back to the last seen token");
+                warn!(
+                    stream = self.def.name,
+                    "falling back to the last seen token"
+                );
             }
             (Some(CandidateKind::Seen), Some(CandidateKind::Processed)) => {
                 self.metrics.fallback_to_processed.increment(1);
-                warn!(stream = self.def.name, "falling back to the last processed token");
+                warn!(
+                    stream = self.def.name,
+                    "falling back to the last processed token"
+                );
             }
             _ => {}
         }
@@ -293,7 +302,9 @@ impl<H: StreamHandler> Worker<H> {
             .unwrap_or_else(|| "none".into());
         let (at, what) = match self.def.checkpoint.on_history_lost {
             OnHistoryLost::Fail => {
-                self.env.status.update(|s| s.state = StreamState::HistoryLost);
+                self.env
+                    .status
+                    .update(|s| s.state = StreamState::HistoryLost);
                 return Err(StreamExit::Halted(halt(
                     HaltReason::HistoryLost,
                     format!(
@@ -301,7 +312,9 @@ impl<H: StreamHandler> Worker<H> {
                     ),
                 )));
             }
-            OnHistoryLost::ResumeFromOplogStart => (StartAt::OldestAvailable, "the oldest retained entry"),
+            OnHistoryLost::ResumeFromOplogStart => {
+                (StartAt::OldestAvailable, "the oldest retained entry")
+            }
             OnHistoryLost::ResumeFromNow => (StartAt::Now, "now"),
         };
         self.metrics.history_lost.increment(1);
@@ -317,7 +330,10 @@ impl<H: StreamHandler> Worker<H> {
             SourceErrorKind::Configuration => HaltReason::Configuration,
             _ => HaltReason::SourceFatal,
         };
-        halt(reason, format!("stream '{name}': the source cannot continue: {e}"))
+        halt(
+            reason,
+            format!("stream '{name}': the source cannot continue: {e}"),
+        )
     }
 
     /// Waits out the restart backoff after a source failure; fails past `max_attempts`.
@@ -500,7 +516,16 @@ impl<H: StreamHandler> Worker<H> {
                     || self.tracker.processed_since_save() >= self.def.checkpoint.save_every_n
                     || invalidate;
                 if due {
-                    if let Err(h) = save(&mut self.tracker, &*self.env.checkpoints, name, &self.metrics, &self.env.status, true).await {
+                    if let Err(h) = save(
+                        &mut self.tracker,
+                        &*self.env.checkpoints,
+                        name,
+                        &self.metrics,
+                        &self.env.status,
+                        true,
+                    )
+                    .await
+                    {
                         return Some(SessionEnd::Halt(h));
                     }
                 }
@@ -520,7 +545,16 @@ impl<H: StreamHandler> Worker<H> {
         let name = self.def.name;
         self.tracker.abandon_unsettled();
         if self.tracker.is_dirty() {
-            if let Err(h) = save(&mut self.tracker, &*self.env.checkpoints, name, &self.metrics, &self.env.status, true).await {
+            if let Err(h) = save(
+                &mut self.tracker,
+                &*self.env.checkpoints,
+                name,
+                &self.metrics,
+                &self.env.status,
+                true,
+            )
+            .await
+            {
                 warn!(stream = name, "final checkpoint flush failed: {h}");
             }
         }
@@ -530,7 +564,12 @@ impl<H: StreamHandler> Worker<H> {
                 self.env.status.set_state(StreamState::Stopped);
             }
             StreamExit::Halted(h) => {
-                error!(stream = name, runbook = h.runbook, "stream halted: {}", h.message);
+                error!(
+                    stream = name,
+                    runbook = h.runbook,
+                    "stream halted: {}",
+                    h.message
+                );
                 let state = if h.reason == HaltReason::HistoryLost {
                     StreamState::HistoryLost
                 } else {

@@ -101,27 +101,51 @@ impl MemoryCollection {
                 return Err(MemoryError::DuplicateKey(id.to_string()));
             }
             c.docs.insert(key, doc.clone());
-            st.append(db, coll, OpKind::Insert, Some(doc! {"_id": id.clone()}), Some(doc), None, wall);
+            st.append(
+                db,
+                coll,
+                OpKind::Insert,
+                Some(doc! {"_id": id.clone()}),
+                Some(doc),
+                None,
+                wall,
+            );
             Ok(id)
         })
     }
 
     /// Inserts several documents in order; stops at the first error.
-    pub fn insert_many(&self, docs: impl IntoIterator<Item = Document>) -> Result<Vec<Bson>, MemoryError> {
+    pub fn insert_many(
+        &self,
+        docs: impl IntoIterator<Item = Document>,
+    ) -> Result<Vec<Bson>, MemoryError> {
         docs.into_iter().map(|d| self.insert_one(d)).collect()
     }
 
     /// Applies an operator update (or a replacement) to the first matching document.
-    pub fn update_one(&self, filter: Document, update: Document) -> Result<UpdateOutcome, MemoryError> {
+    pub fn update_one(
+        &self,
+        filter: Document,
+        update: Document,
+    ) -> Result<UpdateOutcome, MemoryError> {
         self.update(filter, update, false)
     }
 
     /// Like [`MemoryCollection::update_one`], inserting when nothing matches.
-    pub fn upsert_one(&self, filter: Document, update: Document) -> Result<UpdateOutcome, MemoryError> {
+    pub fn upsert_one(
+        &self,
+        filter: Document,
+        update: Document,
+    ) -> Result<UpdateOutcome, MemoryError> {
         self.update(filter, update, true)
     }
 
-    fn update(&self, filter: Document, update: Document, upsert: bool) -> Result<UpdateOutcome, MemoryError> {
+    fn update(
+        &self,
+        filter: Document,
+        update: Document,
+        upsert: bool,
+    ) -> Result<UpdateOutcome, MemoryError> {
         let f = Filter::parse(&filter)?;
         let replacement = !is_operator_update(&update);
         if replacement {
@@ -129,10 +153,12 @@ impl MemoryCollection {
         }
         self.write(|st, db, coll, wall| {
             let ns = (db.to_owned(), coll.to_owned());
-            let found = st
-                .collections
-                .get(&ns)
-                .and_then(|c| c.docs.iter().find(|(_, d)| f.matches(d)).map(|(k, d)| (k.clone(), d.clone())));
+            let found = st.collections.get(&ns).and_then(|c| {
+                c.docs
+                    .iter()
+                    .find(|(_, d)| f.matches(d))
+                    .map(|(k, d)| (k.clone(), d.clone()))
+            });
             match found {
                 Some((key, before)) => {
                     let mut after = before.clone();
@@ -145,15 +171,35 @@ impl MemoryCollection {
                         }
                     }
                     if after == before {
-                        return Ok(UpdateOutcome { matched: 1, modified: 0, upserted: false });
+                        return Ok(UpdateOutcome {
+                            matched: 1,
+                            modified: 0,
+                            upserted: false,
+                        });
                     }
                     let id = before.get("_id").cloned().unwrap_or(Bson::Null);
                     if let Some(c) = st.collections.get_mut(&ns) {
                         c.docs.insert(key, after.clone());
                     }
-                    let kind = if replacement { OpKind::Replace } else { OpKind::Update(changes) };
-                    st.append(db, coll, kind, Some(doc! {"_id": id}), Some(after), Some(before), wall);
-                    Ok(UpdateOutcome { matched: 1, modified: 1, upserted: false })
+                    let kind = if replacement {
+                        OpKind::Replace
+                    } else {
+                        OpKind::Update(changes)
+                    };
+                    st.append(
+                        db,
+                        coll,
+                        kind,
+                        Some(doc! {"_id": id}),
+                        Some(after),
+                        Some(before),
+                        wall,
+                    );
+                    Ok(UpdateOutcome {
+                        matched: 1,
+                        modified: 1,
+                        upserted: false,
+                    })
                 }
                 None if upsert => {
                     let mut doc = f.equality_seed();
@@ -164,17 +210,41 @@ impl MemoryCollection {
                         doc = with_id;
                     }
                     let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-                    st.collections.entry(ns).or_default().docs.insert(id_key(&id), doc.clone());
-                    st.append(db, coll, OpKind::Insert, Some(doc! {"_id": id}), Some(doc), None, wall);
-                    Ok(UpdateOutcome { matched: 0, modified: 0, upserted: true })
+                    st.collections
+                        .entry(ns)
+                        .or_default()
+                        .docs
+                        .insert(id_key(&id), doc.clone());
+                    st.append(
+                        db,
+                        coll,
+                        OpKind::Insert,
+                        Some(doc! {"_id": id}),
+                        Some(doc),
+                        None,
+                        wall,
+                    );
+                    Ok(UpdateOutcome {
+                        matched: 0,
+                        modified: 0,
+                        upserted: true,
+                    })
                 }
-                None => Ok(UpdateOutcome { matched: 0, modified: 0, upserted: false }),
+                None => Ok(UpdateOutcome {
+                    matched: 0,
+                    modified: 0,
+                    upserted: false,
+                }),
             }
         })
     }
 
     /// Replaces the first matching document (its `_id` is kept).
-    pub fn replace_one(&self, filter: Document, replacement: Document) -> Result<UpdateOutcome, MemoryError> {
+    pub fn replace_one(
+        &self,
+        filter: Document,
+        replacement: Document,
+    ) -> Result<UpdateOutcome, MemoryError> {
         validate_replacement(&replacement)?;
         self.update(filter, replacement, false)
     }
@@ -184,13 +254,30 @@ impl MemoryCollection {
         let f = Filter::parse(&filter)?;
         self.write(|st, db, coll, wall| {
             let ns = (db.to_owned(), coll.to_owned());
-            let Some(c) = st.collections.get_mut(&ns) else { return Ok(0) };
-            let Some(key) = c.docs.iter().find(|(_, d)| f.matches(d)).map(|(k, _)| k.clone()) else {
+            let Some(c) = st.collections.get_mut(&ns) else {
                 return Ok(0);
             };
-            let Some(before) = c.docs.remove(&key) else { return Ok(0) };
+            let Some(key) = c
+                .docs
+                .iter()
+                .find(|(_, d)| f.matches(d))
+                .map(|(k, _)| k.clone())
+            else {
+                return Ok(0);
+            };
+            let Some(before) = c.docs.remove(&key) else {
+                return Ok(0);
+            };
             let id = before.get("_id").cloned().unwrap_or(Bson::Null);
-            st.append(db, coll, OpKind::Delete, Some(doc! {"_id": id}), None, Some(before), wall);
+            st.append(
+                db,
+                coll,
+                OpKind::Delete,
+                Some(doc! {"_id": id}),
+                None,
+                Some(before),
+                wall,
+            );
             Ok(1)
         })
     }
@@ -238,7 +325,10 @@ impl MemoryCollection {
             st.append(
                 db,
                 coll,
-                OpKind::Rename { to_db: db.to_owned(), to_coll: to.to_owned() },
+                OpKind::Rename {
+                    to_db: db.to_owned(),
+                    to_coll: to.to_owned(),
+                },
                 None,
                 None,
                 None,
@@ -276,7 +366,12 @@ impl State {
         seq
     }
 
-    pub(crate) fn current_document(&self, db: &str, coll: &str, key: Option<&Document>) -> Option<Document> {
+    pub(crate) fn current_document(
+        &self,
+        db: &str,
+        coll: &str,
+        key: Option<&Document>,
+    ) -> Option<Document> {
         let id = key?.get("_id")?;
         self.collections
             .get(&(db.to_owned(), coll.to_owned()))?

@@ -107,7 +107,10 @@ impl ChangeSource for MemoryBackend {
             let invalidated = matches!(at, StartAt::ResumeAfter(ref t) | StartAt::StartAfter(ref t) if parse_token(t).is_some_and(|p| p.invalidate));
             if !invalidated {
                 if let Some(prev) = st.entry(next_seq - 1) {
-                    if prev.db == db && prev.coll == spec.collection && matches!(prev.kind, OpKind::Drop | OpKind::Rename { .. }) {
+                    if prev.db == db
+                        && prev.coll == spec.collection
+                        && matches!(prev.kind, OpKind::Drop | OpKind::Rename { .. })
+                    {
                         pending.push_back(prev.invalidate_event());
                         closed = true;
                     }
@@ -122,7 +125,11 @@ impl ChangeSource for MemoryBackend {
             full_document: spec.full_document,
             before: spec.full_document_before_change,
             batch_size: spec.batch_size.max(1) as usize,
-            max_await: if spec.max_await.is_zero() { DEFAULT_AWAIT } else { spec.max_await },
+            max_await: if spec.max_await.is_zero() {
+                DEFAULT_AWAIT
+            } else {
+                spec.max_await
+            },
             next_seq,
             pending,
             closed,
@@ -192,7 +199,11 @@ impl MemoryCursor {
         let f = &mut st.faults;
         if self.generation < f.close_generation {
             self.generation = u64::MAX;
-            return Err(SourceError::new(SourceErrorKind::Resumable, "cursor killed (injected close)").with_code(43));
+            return Err(SourceError::new(
+                SourceErrorKind::Resumable,
+                "cursor killed (injected close)",
+            )
+            .with_code(43));
         }
         if let Some(e) = f.fail_reads.pop_front() {
             return Err(e);

@@ -43,7 +43,11 @@ impl Faults {
     /// The next `n` cursor reads fail with a resumable error (like a step-down or a network
     /// error on `getMore`).
     pub fn fail_next_reads(&self, n: usize) {
-        self.fail_next_reads_with(n, SourceErrorKind::Resumable, "injected resumable read error");
+        self.fail_next_reads_with(
+            n,
+            SourceErrorKind::Resumable,
+            "injected resumable read error",
+        );
     }
 
     /// The next `n` cursor reads fail with an error of this kind.

@@ -148,7 +148,10 @@ impl Entry {
             OpKind::Delete | OpKind::Drop => {}
         }
         if before != FullDocumentBeforeChange::Off
-            && matches!(self.kind, OpKind::Update(_) | OpKind::Replace | OpKind::Delete)
+            && matches!(
+                self.kind,
+                OpKind::Update(_) | OpKind::Replace | OpKind::Delete
+            )
         {
             ev.insert("fullDocumentBeforeChange", opt(self.pre.clone()));
         }
@@ -178,11 +181,17 @@ mod tests {
     fn tokens_round_trip_and_order() {
         assert_eq!(
             parse_token(&token(42)),
-            Some(ParsedToken { seq: 42, invalidate: false })
+            Some(ParsedToken {
+                seq: 42,
+                invalidate: false
+            })
         );
         assert_eq!(
             parse_token(&invalidate_token(42)),
-            Some(ParsedToken { seq: 42, invalidate: true })
+            Some(ParsedToken {
+                seq: 42,
+                invalidate: true
+            })
         );
         let a = token(9).data().map(str::to_owned);
         let b = token(10).data().map(str::to_owned);

@@ -10,7 +10,10 @@ use crate::dead_letter::{
 use crate::store_error::{StoreError, StoreErrorKind};
 
 fn unavailable(what: &str) -> StoreError {
-    StoreError::new(StoreErrorKind::Unavailable, format!("{what} (injected fault)"))
+    StoreError::new(
+        StoreErrorKind::Unavailable,
+        format!("{what} (injected fault)"),
+    )
 }
 
 #[async_trait]
@@ -63,7 +66,10 @@ impl DeadLetterStore for MemoryBackend {
         if encoded_len(&doc) > st.dead_letter_max_bytes {
             return Err(StoreError::new(
                 StoreErrorKind::TooLarge,
-                format!("dead-letter record '{}' exceeds {} bytes", record.id, st.dead_letter_max_bytes),
+                format!(
+                    "dead-letter record '{}' exceeds {} bytes",
+                    record.id, st.dead_letter_max_bytes
+                ),
             ));
         }
         if let Some(existing) = st.dead_letters.get_mut(&record.id) {

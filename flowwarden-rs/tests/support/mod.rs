@@ -24,7 +24,11 @@ pub struct Call {
     pub attempt: u32,
 }
 
-type Behaviour = Arc<dyn Fn(Arc<ChangeContext<Document>>) -> BoxFuture<'static, Result<(), HandlerError>> + Send + Sync>;
+type Behaviour = Arc<
+    dyn Fn(Arc<ChangeContext<Document>>) -> BoxFuture<'static, Result<(), HandlerError>>
+        + Send
+        + Sync,
+>;
 type FilterFn = Arc<dyn Fn(&ChangeContext<Document>) -> bool + Send + Sync>;
 type OnErrorFn = Arc<dyn Fn(&HandlerError) -> ErrorAction + Send + Sync>;
 
@@ -47,7 +51,10 @@ impl Default for Probe {
 
 impl Probe {
     pub fn new(
-        f: impl Fn(Arc<ChangeContext<Document>>) -> BoxFuture<'static, Result<(), HandlerError>> + Send + Sync + 'static,
+        f: impl Fn(Arc<ChangeContext<Document>>) -> BoxFuture<'static, Result<(), HandlerError>>
+            + Send
+            + Sync
+            + 'static,
     ) -> Self {
         Self {
             calls: Arc::default(),
@@ -58,12 +65,18 @@ impl Probe {
         }
     }
 
-    pub fn with_filter(mut self, f: impl Fn(&ChangeContext<Document>) -> bool + Send + Sync + 'static) -> Self {
+    pub fn with_filter(
+        mut self,
+        f: impl Fn(&ChangeContext<Document>) -> bool + Send + Sync + 'static,
+    ) -> Self {
         self.filter = Some(Arc::new(f));
         self
     }
 
-    pub fn with_on_error(mut self, f: impl Fn(&HandlerError) -> ErrorAction + Send + Sync + 'static) -> Self {
+    pub fn with_on_error(
+        mut self,
+        f: impl Fn(&HandlerError) -> ErrorAction + Send + Sync + 'static,
+    ) -> Self {
         self.on_error = Some(Arc::new(f));
         self
     }
@@ -103,7 +116,10 @@ static DEFAULT_DEF: StreamDefinition = StreamDefinition {
     checkpoint: CheckpointConfig::DEFAULT,
     retry: RetryConfig::DEFAULT,
     restart: RestartConfig::DEFAULT,
-    source: SourceLocation { file: file!(), line: line!() },
+    source: SourceLocation {
+        file: file!(),
+        line: line!(),
+    },
 };
 
 impl StreamHandler for Probe {
@@ -131,7 +147,11 @@ impl StreamHandler for Probe {
         }))
     }
 
-    fn on_error(&self, error: &HandlerError, _ctx: &ChangeContext<Document>) -> Option<ErrorAction> {
+    fn on_error(
+        &self,
+        error: &HandlerError,
+        _ctx: &ChangeContext<Document>,
+    ) -> Option<ErrorAction> {
         self.on_error.as_ref().map(|f| f(error))
     }
 }
@@ -141,15 +161,29 @@ impl StreamHandler for Probe {
 pub fn def(name: &'static str, f: impl FnOnce(&mut StreamDefinition)) -> &'static StreamDefinition {
     let mut d = DEFAULT_DEF.clone();
     d.name = name;
-    d.retry = RetryConfig { max_attempts: 3, initial_delay_ms: 100, multiplier: 2.0, max_delay_ms: 1_000, jitter: false };
-    d.restart = RestartConfig { max_attempts: 0, initial_delay_ms: 100, max_delay_ms: 1_000 };
+    d.retry = RetryConfig {
+        max_attempts: 3,
+        initial_delay_ms: 100,
+        multiplier: 2.0,
+        max_delay_ms: 1_000,
+        jitter: false,
+    };
+    d.restart = RestartConfig {
+        max_attempts: 0,
+        initial_delay_ms: 100,
+        max_delay_ms: 1_000,
+    };
     d.checkpoint.save_interval_secs = 1;
     f(&mut d);
     Box::leak(Box::new(d))
 }
 
 /// Starts a runtime running only `probe` as `def`, on `backend`.
-pub async fn start(backend: &MemoryBackend, probe: &Probe, def: &'static StreamDefinition) -> Runtime {
+pub async fn start(
+    backend: &MemoryBackend,
+    probe: &Probe,
+    def: &'static StreamDefinition,
+) -> Runtime {
     start_with(backend, probe, def, |b| b).await
 }
 
@@ -180,12 +214,19 @@ pub async fn start_with(
     let rt = configure(b).start().await.expect("runtime starts");
     // A stream without a checkpoint starts at "now": wait until its cursor is open (or it
     // halted) before the test writes anything.
-    wait_status(&rt, def.name, |s| s.state != flowwarden::StreamState::Starting).await;
+    wait_status(&rt, def.name, |s| {
+        s.state != flowwarden::StreamState::Starting
+    })
+    .await;
     rt
 }
 
 /// Waits (in virtual or real time, bounded) until the stream's status satisfies `pred`.
-pub async fn wait_status(rt: &Runtime, name: &str, pred: impl Fn(&StreamStatus) -> bool) -> StreamStatus {
+pub async fn wait_status(
+    rt: &Runtime,
+    name: &str,
+    pred: impl Fn(&StreamStatus) -> bool,
+) -> StreamStatus {
     tokio::time::timeout(Duration::from_secs(60), rt.handle().wait_for(name, pred))
         .await
         .expect("status reached within 60 s")
@@ -196,15 +237,25 @@ pub async fn wait_status(rt: &Runtime, name: &str, pred: impl Fn(&StreamStatus) 
 pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
 /// The `_data` of the stored lastSeen / lastProcessed tokens of a stream.
 pub fn stored_tokens(backend: &MemoryBackend, stream: &str) -> (Option<String>, Option<String>) {
-    let Some(d) = backend.checkpoint_document(stream) else { return (None, None) };
-    let get = |f: &str| d.get_document(f).ok().and_then(|t| t.get_str("_data").ok()).map(str::to_owned);
+    let Some(d) = backend.checkpoint_document(stream) else {
+        return (None, None);
+    };
+    let get = |f: &str| {
+        d.get_document(f)
+            .ok()
+            .and_then(|t| t.get_str("_data").ok())
+            .map(str::to_owned)
+    };
     (get("lastSeenToken"), get("lastProcessedToken"))
 }
 
