@@ -49,7 +49,7 @@ pub struct ChangeContext<T> {
 
 /// The event's document could not be decoded into the stream's type.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot decode `{field}` of event {token} into `{type_name}`: {source}")]
+#[error("cannot decode `{field}` of event {token} into `{type_name}`")]
 pub struct DecodeError {
     /// `fullDocument` or `fullDocumentBeforeChange`.
     pub field: &'static str,
