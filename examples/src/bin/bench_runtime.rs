@@ -29,9 +29,11 @@ fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<f64>().ok()))
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|kb| kb.parse::<f64>().ok())
+            })
         })
         .map(|kb| kb / 1024.0)
         .unwrap_or(f64::NAN)
@@ -142,5 +144,8 @@ async fn main() {
         "runtime:     {changes} events in {run:.2?} = {run_rate:>10.0} events/s (save_every_n = {save_every})"
     );
     println!("ratio runtime/bare = {:.2}", run_rate / bare_rate);
-    println!("peak RSS {:.0} MiB (includes the prefilled oplog)", peak_rss_mib());
+    println!(
+        "peak RSS {:.0} MiB (includes the prefilled oplog)",
+        peak_rss_mib()
+    );
 }

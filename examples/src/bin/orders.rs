@@ -111,7 +111,12 @@ async fn start(backend: &MemoryBackend, revenue: &Arc<AtomicU64>) -> Runtime {
 }
 
 async fn wait(rt: &Runtime, what: &str, pred: impl Fn(&StreamStatus) -> bool) -> StreamStatus {
-    match tokio::time::timeout(Duration::from_secs(10), rt.handle().wait_for("orders", pred)).await {
+    match tokio::time::timeout(
+        Duration::from_secs(10),
+        rt.handle().wait_for("orders", pred),
+    )
+    .await
+    {
         Ok(Ok(status)) => status,
         _ => {
             eprintln!("timed out waiting for: {what}");
@@ -140,7 +145,10 @@ async fn main() {
 
     println!("== run 1: the stream starts with no checkpoint (at the current head)");
     let rt = start(&backend, &revenue).await;
-    wait(&rt, "the stream to run", |s| s.state == flowwarden::StreamState::Running).await;
+    wait(&rt, "the stream to run", |s| {
+        s.state == flowwarden::StreamState::Running
+    })
+    .await;
     let write = |r: Result<_, flowwarden::memory::MemoryError>| {
         r.unwrap_or_else(|e| {
             eprintln!("write failed: {e}");
@@ -149,27 +157,54 @@ async fn main() {
     };
     write(orders.insert_one(order(1, "ada", 4_200, "PAID")).map(drop));
     write(orders.insert_one(order(2, "grace", 1_000, "NEW")).map(drop)); // filtered on the server
-    write(orders.update_one(doc! {"_id": 2}, doc! {"$set": {"status": "PAID"}}).map(drop));
+    write(
+        orders
+            .update_one(doc! {"_id": 2}, doc! {"$set": {"status": "PAID"}})
+            .map(drop),
+    );
     // total_cents is not a number: the document cannot be decoded into `Order`.
-    write(orders.insert_one(doc! {"_id": 3, "customer": "bob", "total_cents": "lots", "status": "PAID"}).map(drop));
+    write(
+        orders
+            .insert_one(doc! {"_id": 3, "customer": "bob", "total_cents": "lots", "status": "PAID"})
+            .map(drop),
+    );
     write(orders.delete_one(doc! {"_id": 1}).map(drop));
-    let st = wait(&rt, "4 events settled", |s| s.counters.handled + s.counters.dead_lettered >= 4).await;
+    let st = wait(&rt, "4 events settled", |s| {
+        s.counters.handled + s.counters.dead_lettered >= 4
+    })
+    .await;
     println!(
         "   handled {}, dead-lettered {}, revenue {} cents",
         st.counters.handled,
         st.counters.dead_lettered,
         revenue.load(Ordering::Relaxed)
     );
-    for r in rt.handle().dead_letters().list(&Default::default()).await.unwrap_or_default() {
+    for r in rt
+        .handle()
+        .dead_letters()
+        .list(&Default::default())
+        .await
+        .unwrap_or_default()
+    {
         println!("   dead letter {}: {}", r.id, r.error_chain.join(": "));
     }
     rt.shutdown().await;
     let stored = backend.checkpoint_document("orders").unwrap_or_default();
-    println!("== stopped; checkpoint: lastProcessedToken = {}", stored.get("lastProcessedToken").map(|t| t.to_string()).unwrap_or_default());
+    println!(
+        "== stopped; checkpoint: lastProcessedToken = {}",
+        stored
+            .get("lastProcessedToken")
+            .map(|t| t.to_string())
+            .unwrap_or_default()
+    );
 
     println!("== while the stream is down, two more orders are paid");
     write(orders.insert_one(order(4, "linus", 700, "PAID")).map(drop));
-    write(orders.insert_one(order(5, "barbara", 300, "PAID")).map(drop));
+    write(
+        orders
+            .insert_one(order(5, "barbara", 300, "PAID"))
+            .map(drop),
+    );
 
     println!("== run 2: the stream resumes from its checkpoint");
     let rt = start(&backend, &revenue).await;
