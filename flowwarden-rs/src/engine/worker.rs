@@ -53,10 +53,12 @@ enum SessionEnd {
     Source(SourceError),
 }
 
-/// A bounded memory of tokens settled in this process, to count redeliveries.
+/// A bounded memory of tokens settled in this process, to count redeliveries. Keeps hashes of
+/// the tokens' data, not the tokens: a collision can only miscount a redelivery, never change
+/// what is processed.
 struct RecentlySettled {
-    set: HashSet<String>,
-    order: VecDeque<String>,
+    set: HashSet<u64>,
+    order: VecDeque<u64>,
     capacity: usize,
 }
 
@@ -69,13 +71,21 @@ impl RecentlySettled {
         }
     }
 
+    fn key(token: &ResumeToken) -> Option<u64> {
+        use std::hash::{Hash, Hasher};
+        let data = token.data()?;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        data.hash(&mut h);
+        Some(h.finish())
+    }
+
     fn contains(&self, token: &ResumeToken) -> bool {
-        token.data().is_some_and(|d| self.set.contains(d))
+        Self::key(token).is_some_and(|k| self.set.contains(&k))
     }
 
     fn insert(&mut self, token: &ResumeToken) {
-        let Some(data) = token.data() else { return };
-        if self.set.contains(data) {
+        let Some(key) = Self::key(token) else { return };
+        if !self.set.insert(key) {
             return;
         }
         if self.order.len() == self.capacity {
@@ -83,8 +93,7 @@ impl RecentlySettled {
                 self.set.remove(&old);
             }
         }
-        self.set.insert(data.to_owned());
-        self.order.push_back(data.to_owned());
+        self.order.push_back(key);
     }
 }
 
@@ -477,7 +486,12 @@ impl<H: StreamHandler> Worker<H> {
             metrics: &self.metrics,
             status: &self.env.status,
         };
-        let fut = process_event(&self.handler, event.clone(), &cx, &mut self.rng);
+        let span = tracing::info_span!(
+            "event",
+            token = %event.token(),
+            operation = %event.operation_type(),
+        );
+        let fut = process_event(&self.handler, event.clone(), &cx, &mut self.rng).instrument(span);
         tokio::pin!(fut);
         let mut stop = self.env.stop.clone();
         let mut deadline: Option<Instant> = None;
