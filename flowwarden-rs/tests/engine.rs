@@ -885,3 +885,36 @@ async fn the_crash_test_catches_the_classic_seen_as_done_bug() {
         "change 2 was silently lost: the check would fail"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_can_dead_letter_its_event_and_force_a_checkpoint() {
+    let backend = MemoryBackend::new();
+    let probe = Probe::new(|ctx| {
+        async move {
+            match ctx.document_key().and_then(|k| k.get_i32("_id").ok()) {
+                Some(1) => ctx.dead_letter("order 1 references an unknown customer"),
+                Some(2) => ctx.save_checkpoint_now(),
+                _ => {}
+            }
+            Ok(())
+        }
+        .boxed()
+    });
+    let d = def("requests", |d| {
+        d.checkpoint.save_every_n = 1_000;
+        d.checkpoint.save_interval_secs = 0;
+    });
+    let rt = start(&backend, &probe, d).await;
+    insert_ids(&backend, [1]);
+    wait_status(&rt, "requests", |s| s.counters.dead_lettered == 1).await;
+    assert_eq!(stored_tokens(&backend, "requests").1, None, "nothing forces a save yet");
+    insert_ids(&backend, [2]);
+    wait_until("saved now", || stored_tokens(&backend, "requests").1.is_some()).await;
+    assert_eq!(stored_tokens(&backend, "requests").1.as_deref(), Some(token_of(2).as_str()));
+    let dead = rt.handle().dead_letters().list(&Default::default()).await.unwrap();
+    rt.shutdown().await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].error_kind, "DeadLetterRequested");
+    assert_eq!(dead[0].error_chain, ["order 1 references an unknown customer"]);
+    assert_eq!(probe.calls().len(), 2, "a requested dead letter is not retried");
+}
