@@ -907,14 +907,36 @@ async fn a_handler_can_dead_letter_its_event_and_force_a_checkpoint() {
     let rt = start(&backend, &probe, d).await;
     insert_ids(&backend, [1]);
     wait_status(&rt, "requests", |s| s.counters.dead_lettered == 1).await;
-    assert_eq!(stored_tokens(&backend, "requests").1, None, "nothing forces a save yet");
+    assert_eq!(
+        stored_tokens(&backend, "requests").1,
+        None,
+        "nothing forces a save yet"
+    );
     insert_ids(&backend, [2]);
-    wait_until("saved now", || stored_tokens(&backend, "requests").1.is_some()).await;
-    assert_eq!(stored_tokens(&backend, "requests").1.as_deref(), Some(token_of(2).as_str()));
-    let dead = rt.handle().dead_letters().list(&Default::default()).await.unwrap();
+    wait_until("saved now", || {
+        stored_tokens(&backend, "requests").1.is_some()
+    })
+    .await;
+    assert_eq!(
+        stored_tokens(&backend, "requests").1.as_deref(),
+        Some(token_of(2).as_str())
+    );
+    let dead = rt
+        .handle()
+        .dead_letters()
+        .list(&Default::default())
+        .await
+        .unwrap();
     rt.shutdown().await;
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].error_kind, "DeadLetterRequested");
-    assert_eq!(dead[0].error_chain, ["order 1 references an unknown customer"]);
-    assert_eq!(probe.calls().len(), 2, "a requested dead letter is not retried");
+    assert_eq!(
+        dead[0].error_chain,
+        ["order 1 references an unknown customer"]
+    );
+    assert_eq!(
+        probe.calls().len(),
+        2,
+        "a requested dead letter is not retried"
+    );
 }

@@ -37,8 +37,6 @@ pub(crate) struct StreamMetrics {
     pub(crate) fallback_to_seen: Counter,
     pub(crate) fallback_to_processed: Counter,
     pub(crate) history_lost: Counter,
-    pub(crate) checkpoint_saved: Counter,
-    pub(crate) checkpoint_failed: Counter,
 }
 
 impl StreamMetrics {
@@ -58,8 +56,6 @@ impl StreamMetrics {
             fallback_to_seen: counter!(names::FALLBACK_TO_SEEN, "stream" => stream),
             fallback_to_processed: counter!(names::FALLBACK_TO_PROCESSED, "stream" => stream),
             history_lost: counter!(names::HISTORY_LOST, "stream" => stream),
-            checkpoint_saved: counter!(names::CHECKPOINT_SAVED, "stream" => stream),
-            checkpoint_failed: counter!(names::CHECKPOINT_FAILED, "stream" => stream),
         }
     }
 }

@@ -36,7 +36,14 @@ pub(crate) async fn run_stream<H: StreamHandler>(
         handler,
         def,
         metrics: StreamMetrics::new(def.name),
-        tracker: Tracker::new(None, None, env.options.checkpoint_on_receipt),
+        progress: Progress {
+            tracker: Tracker::new(None, None, env.options.checkpoint_on_receipt),
+            store: env.checkpoints.clone(),
+            name: def.name,
+            status: env.status.clone(),
+            saved: metrics::counter!(super::metrics::names::CHECKPOINT_SAVED, "stream" => def.name),
+            failed: metrics::counter!(super::metrics::names::CHECKPOINT_FAILED, "stream" => def.name),
+        },
         rng: Rng::new(seed_for(env.options.seed, def.name)),
         restart_failures: 0,
         recent: RecentlySettled::new(4096),
@@ -102,7 +109,7 @@ struct Worker<H: StreamHandler> {
     def: &'static StreamDefinition,
     env: StreamEnv,
     metrics: StreamMetrics,
-    tracker: Tracker,
+    progress: Progress,
     rng: Rng,
     restart_failures: u32,
     recent: RecentlySettled,
@@ -146,7 +153,7 @@ impl<H: StreamHandler> Worker<H> {
             Ok(stored) => stored,
             Err(exit) => return self.exit(exit).await,
         };
-        self.tracker = Tracker::new(
+        self.progress.tracker = Tracker::new(
             stored.as_ref().and_then(|c| c.last_seen.clone()),
             stored.as_ref().and_then(|c| c.last_processed.clone()),
             self.env.options.checkpoint_on_receipt,
@@ -164,10 +171,10 @@ impl<H: StreamHandler> Worker<H> {
                 Err(exit) => return self.exit(exit).await,
             };
             self.env.status.set_state(StreamState::Running);
-            let before = self.tracker.settled_seen().cloned();
+            let before = self.progress.tracker.settled_seen().cloned();
             let end = self.session(cursor).await;
-            self.tracker.abandon_unsettled();
-            if let Some(now) = self.tracker.settled_seen() {
+            self.progress.tracker.abandon_unsettled();
+            if let Some(now) = self.progress.tracker.settled_seen() {
                 if before.as_ref() != Some(now) {
                     plan = ResumePlan::current(now);
                 }
@@ -300,9 +307,10 @@ impl<H: StreamHandler> Worker<H> {
     fn on_history_lost(&mut self) -> Result<StartAt, StreamExit> {
         let name = self.def.name;
         let last = self
+            .progress
             .tracker
             .settled_seen()
-            .or(self.tracker.settled_processed())
+            .or(self.progress.tracker.settled_processed())
             .map(|p| {
                 p.wall_time
                     .map(|t| t.to_string())
@@ -374,12 +382,12 @@ impl<H: StreamHandler> Worker<H> {
     }
 
     fn receive_idle(&mut self, token: ResumeToken) {
-        if self.tracker.unsettled() == 0
-            && self.tracker.settled_seen().map(|p| &p.token) == Some(&token)
+        if self.progress.tracker.unsettled() == 0
+            && self.progress.tracker.settled_seen().map(|p| &p.token) == Some(&token)
         {
             return;
         }
-        self.tracker.receive_idle(StoredPosition {
+        self.progress.tracker.receive_idle(StoredPosition {
             token,
             cluster_time: None,
             wall_time: None,
@@ -398,7 +406,7 @@ impl<H: StreamHandler> Worker<H> {
                 biased;
                 _ = stopped(&mut stop) => return SessionEnd::Stop,
                 _ = tick(&mut heartbeat) => {
-                    if let Err(h) = save(&mut self.tracker, &*self.env.checkpoints, self.def.name, &self.metrics, &self.env.status, false).await {
+                    if let Err(h) = self.progress.save().await {
                         return SessionEnd::Halt(h);
                     }
                     continue;
@@ -472,7 +480,7 @@ impl<H: StreamHandler> Worker<H> {
             }
         });
         let invalidate = *event.operation_type() == OperationType::Invalidate;
-        let ticket = self.tracker.receive(StoredPosition {
+        let ticket = self.progress.tracker.receive(StoredPosition {
             token: event.token().clone(),
             cluster_time: event.cluster_time(),
             wall_time: event.wall_time(),
@@ -500,7 +508,7 @@ impl<H: StreamHandler> Worker<H> {
                 biased;
                 outcome = &mut fut => break Some(outcome),
                 _ = tick(heartbeat) => {
-                    if let Err(h) = save(&mut self.tracker, &*self.env.checkpoints, name, &self.metrics, &self.env.status, false).await {
+                    if let Err(h) = self.progress.save().await {
                         break Some(EventOutcome::Halt(h));
                     }
                 }
@@ -522,24 +530,16 @@ impl<H: StreamHandler> Worker<H> {
         match outcome {
             EventOutcome::Halt(h) => Some(SessionEnd::Halt(h)),
             EventOutcome::Settled { how, save_now } => {
-                self.tracker.settle(ticket, how);
+                self.progress.tracker.settle(ticket, how);
                 if how != Settlement::Filtered && how != Settlement::Unrouted {
                     self.recent.insert(event.token());
                 }
                 let due = save_now
-                    || self.tracker.processed_since_save() >= self.def.checkpoint.save_every_n
+                    || self.progress.tracker.processed_since_save()
+                        >= self.def.checkpoint.save_every_n
                     || invalidate;
                 if due {
-                    if let Err(h) = save(
-                        &mut self.tracker,
-                        &*self.env.checkpoints,
-                        name,
-                        &self.metrics,
-                        &self.env.status,
-                        true,
-                    )
-                    .await
-                    {
+                    if let Err(h) = self.progress.save().await {
                         return Some(SessionEnd::Halt(h));
                     }
                 }
@@ -557,18 +557,9 @@ impl<H: StreamHandler> Worker<H> {
     /// Flushes the settled progress and reports the exit.
     async fn exit(mut self, exit: StreamExit) -> StreamExit {
         let name = self.def.name;
-        self.tracker.abandon_unsettled();
-        if self.tracker.is_dirty() {
-            if let Err(h) = save(
-                &mut self.tracker,
-                &*self.env.checkpoints,
-                name,
-                &self.metrics,
-                &self.env.status,
-                true,
-            )
-            .await
-            {
+        self.progress.tracker.abandon_unsettled();
+        if self.progress.tracker.is_dirty() {
+            if let Err(h) = self.progress.save().await {
                 warn!(stream = name, "final checkpoint flush failed: {h}");
             }
         }
@@ -600,38 +591,42 @@ impl<H: StreamHandler> Worker<H> {
     }
 }
 
-/// Writes the settled prefix when due (`force`) or when the heartbeat finds it moved.
-async fn save(
-    tracker: &mut Tracker,
-    store: &dyn CheckpointStore,
+/// The tracker and the store its checkpoints go to.
+struct Progress {
+    tracker: Tracker,
+    store: Arc<dyn CheckpointStore>,
     name: &'static str,
-    metrics: &StreamMetrics,
-    status: &StatusCell,
-    force: bool,
-) -> Result<(), Halt> {
-    if !tracker.is_dirty() && !force {
-        return Ok(());
-    }
-    if !tracker.is_dirty() {
-        return Ok(());
-    }
-    let snapshot = tracker.snapshot(name, DateTime::now());
-    match store.save(&snapshot).await {
-        Ok(()) => {
-            tracker.mark_saved();
-            metrics.checkpoint_saved.increment(1);
-            status.update(|s| s.counters.checkpoints_saved += 1);
-            Ok(())
+    status: Arc<StatusCell>,
+    saved: metrics::Counter,
+    failed: metrics::Counter,
+}
+
+impl Progress {
+    /// Writes the settled prefix if it moved since the last write. A failed write is logged
+    /// and retried at the next opportunity; a fenced write halts the stream.
+    async fn save(&mut self) -> Result<(), Halt> {
+        if !self.tracker.is_dirty() {
+            return Ok(());
         }
-        Err(e) if e.kind == StoreErrorKind::Fenced => Err(halt(
-            HaltReason::Fenced,
-            format!("stream '{name}': checkpoint write rejected: {}", e.message),
-        )),
-        Err(e) => {
-            metrics.checkpoint_failed.increment(1);
-            status.update(|s| s.counters.checkpoint_failures += 1);
-            warn!(stream = name, error = %e, "checkpoint write failed; progress is kept in memory and written at the next opportunity");
-            Ok(())
+        let name = self.name;
+        let snapshot = self.tracker.snapshot(name, DateTime::now());
+        match self.store.save(&snapshot).await {
+            Ok(()) => {
+                self.tracker.mark_saved();
+                self.saved.increment(1);
+                self.status.update(|s| s.counters.checkpoints_saved += 1);
+                Ok(())
+            }
+            Err(e) if e.kind == StoreErrorKind::Fenced => Err(halt(
+                HaltReason::Fenced,
+                format!("stream '{name}': checkpoint write rejected: {}", e.message),
+            )),
+            Err(e) => {
+                self.failed.increment(1);
+                self.status.update(|s| s.counters.checkpoint_failures += 1);
+                warn!(stream = name, error = %e, "checkpoint write failed; progress is kept in memory and written at the next opportunity");
+                Ok(())
+            }
         }
     }
 }
