@@ -12,8 +12,8 @@ use syn::spanned::Spanned as _;
 use syn::{Path, Type, TypePath};
 
 use crate::model::{
-    Collection, FullDocument, FullDocumentBeforeChange, Handler, OnHistoryLost, Op, ResumeStrategy,
-    StartPosition, Stream,
+    Collection, Deployment, FullDocument, FullDocumentBeforeChange, Handler, OnHistoryLost, Op,
+    ResumeStrategy, StartPosition, Stream,
 };
 use crate::sig::ParamKind;
 
@@ -212,6 +212,24 @@ fn definition(s: &Stream) -> TokenStream {
             ("max_delay_ms", r.max_delay_ms.map(lit_u64)),
         ],
     );
+    let deployment = match &s.deployment {
+        Deployment::AllInstances => quote!(#p::Deployment::AllInstances),
+        Deployment::SingleLeader {
+            lease_secs,
+            renew_secs,
+            standby_poll_secs,
+        } => {
+            let lease = config(
+                quote!(#p::LeaseConfig),
+                vec![
+                    ("lease_secs", lease_secs.map(lit_u64)),
+                    ("renew_secs", renew_secs.map(lit_u64)),
+                    ("standby_poll_secs", standby_poll_secs.map(lit_u64)),
+                ],
+            );
+            quote!(#p::Deployment::SingleLeader(#lease))
+        }
+    };
     let _ = self_ty;
     quote! {
         fn definition() -> &'static #p::StreamDefinition {
@@ -227,6 +245,7 @@ fn definition(s: &Stream) -> TokenStream {
                 checkpoint: #checkpoint,
                 retry: #retry,
                 restart: #restart,
+                deployment: #deployment,
                 source: #p::SourceLocation {
                     file: ::core::file!(),
                     line: ::core::line!(),

@@ -40,6 +40,10 @@ pub(crate) const FULL_DOCUMENT_BEFORE_CHANGE: &str = "full_document_before_chang
 pub(crate) const ENABLED: &str = "enabled";
 pub(crate) const AUTO_START: &str = "auto_start";
 pub(crate) const CRATE: &str = "crate";
+pub(crate) const DEPLOYMENT: &str = "deployment";
+pub(crate) const LEASE_SECS: &str = "lease_secs";
+pub(crate) const RENEW_SECS: &str = "renew_secs";
+pub(crate) const STANDBY_POLL_SECS: &str = "standby_poll_secs";
 
 pub(crate) const CHANGE_STREAM_KEYS: &[&str] = &[
     NAME,
@@ -50,6 +54,10 @@ pub(crate) const CHANGE_STREAM_KEYS: &[&str] = &[
     FULL_DOCUMENT_BEFORE_CHANGE,
     ENABLED,
     AUTO_START,
+    DEPLOYMENT,
+    LEASE_SECS,
+    RENEW_SECS,
+    STANDBY_POLL_SECS,
     CRATE,
 ];
 

@@ -6,6 +6,7 @@ use futures::future::BoxFuture;
 
 use crate::checkpoint::CheckpointStore;
 use crate::dead_letter::DeadLetterStore;
+use crate::lease::LeaseStore;
 use crate::source::ChangeSource;
 
 /// The source and stores of one runtime.
@@ -17,6 +18,8 @@ pub struct Backend {
     pub checkpoints: Arc<dyn CheckpointStore>,
     /// Where dead letters live; `None` makes exhausted retries halt the stream.
     pub dead_letters: Option<Arc<dyn DeadLetterStore>>,
+    /// Where leases of `SingleLeader` streams live; `None` makes such streams refuse to start.
+    pub leases: Option<Arc<dyn LeaseStore>>,
     /// The database used when a stream names none.
     pub default_database: String,
 }

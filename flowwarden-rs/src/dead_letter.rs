@@ -69,6 +69,10 @@ pub struct DeadLetterRecord {
     pub last_failed_at: DateTime,
     /// Status.
     pub status: DeadLetterStatus,
+    /// The writing leader's identity (`SingleLeader` streams).
+    pub owner: Option<String>,
+    /// The writing leader's fencing epoch (`SingleLeader` streams).
+    pub epoch: Option<i64>,
 }
 
 impl DeadLetterRecord {
@@ -79,7 +83,7 @@ impl DeadLetterRecord {
 
     /// The stored document.
     pub fn to_document(&self) -> Document {
-        doc! {
+        let mut d = doc! {
             "_id": &self.id,
             "stream": &self.stream,
             "event": self.event.clone(),
@@ -93,7 +97,14 @@ impl DeadLetterRecord {
             "firstFailedAt": self.first_failed_at,
             "lastFailedAt": self.last_failed_at,
             "status": self.status.as_str(),
+        };
+        if let Some(owner) = &self.owner {
+            d.insert("owner", owner);
         }
+        if let Some(epoch) = self.epoch {
+            d.insert("epoch", epoch);
+        }
+        d
     }
 
     /// Parses a stored document.
@@ -138,6 +149,8 @@ impl DeadLetterRecord {
                 .ok()
                 .and_then(DeadLetterStatus::parse)
                 .ok_or_else(|| field("status"))?,
+            owner: d.get_str("owner").ok().map(str::to_owned),
+            epoch: d.get_i64("epoch").ok(),
             id,
         })
     }
@@ -258,6 +271,8 @@ mod tests {
             first_failed_at: DateTime::from_millis(1),
             last_failed_at: DateTime::from_millis(2),
             status: DeadLetterStatus::Pending,
+            owner: None,
+            epoch: None,
         }
     }
 

@@ -30,6 +30,8 @@ pub struct StreamDefinition {
     pub retry: RetryConfig,
     /// Backoff for re-opening a stream whose cursor died.
     pub restart: RestartConfig,
+    /// How the stream runs when several instances of the service run.
+    pub deployment: Deployment,
     /// Where the definition was written, for startup reports.
     pub source: SourceLocation,
 }
@@ -230,6 +232,58 @@ impl RestartConfig {
 }
 
 impl Default for RestartConfig {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// How a stream runs across several instances of a service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Deployment {
+    /// Every instance consumes every event, with its own checkpoint (FlowWarden's default).
+    #[default]
+    AllInstances,
+    /// One instance at a time consumes the stream, holding a lease; the others stand by.
+    /// Every checkpoint and dead-letter write carries the lease's fencing epoch.
+    SingleLeader(LeaseConfig),
+}
+
+/// Lease timing of a `SingleLeader` stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseConfig {
+    /// How long a lease lasts without renewal (judged by the lease store's clock).
+    pub lease_secs: u64,
+    /// How often the leader renews (well below `lease_secs`).
+    pub renew_secs: u64,
+    /// How often a standby tries to take the lease.
+    pub standby_poll_secs: u64,
+}
+
+impl LeaseConfig {
+    /// Defaults: lease 30 s, renew every 10 s, standby poll every 5 s.
+    pub const DEFAULT: LeaseConfig = LeaseConfig {
+        lease_secs: 30,
+        renew_secs: 10,
+        standby_poll_secs: 5,
+    };
+
+    /// The lease duration.
+    pub fn lease(&self) -> Duration {
+        Duration::from_secs(self.lease_secs)
+    }
+
+    /// The renewal period.
+    pub fn renew(&self) -> Duration {
+        Duration::from_secs(self.renew_secs)
+    }
+
+    /// The standby poll period.
+    pub fn standby_poll(&self) -> Duration {
+        Duration::from_secs(self.standby_poll_secs)
+    }
+}
+
+impl Default for LeaseConfig {
     fn default() -> Self {
         Self::DEFAULT
     }

@@ -18,6 +18,7 @@ pub(crate) mod engine;
 pub mod event;
 pub mod handler;
 pub mod handler_error;
+pub mod lease;
 pub mod matcher;
 pub mod memory;
 pub(crate) mod registry;
@@ -35,12 +36,13 @@ pub use checkpoint::{Checkpoint, CheckpointStore, StoredPosition};
 pub use context::{ChangeContext, DecodeError, EventId};
 pub use dead_letter::{DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadLetterStore};
 pub use definition::{
-    CheckpointConfig, FullDocument, FullDocumentBeforeChange, OnHistoryLost, RestartConfig,
-    ResumeStrategy, RetryConfig, StartPosition, StreamDefinition,
+    CheckpointConfig, Deployment, FullDocument, FullDocumentBeforeChange, LeaseConfig,
+    OnHistoryLost, RestartConfig, ResumeStrategy, RetryConfig, StartPosition, StreamDefinition,
 };
 pub use event::{ChangeEvent, Namespace, OperationType, ResumeToken, UpdateDescription};
 pub use handler::{AnyStream, CollectionName, HandlerFuture, StreamHandler};
 pub use handler_error::{ErrorAction, HandlerError, HandlerErrorKind, IntoHandlerResult};
+pub use lease::{Fence, InstanceId, Lease, LeaseStore};
 pub use memory::MemoryBackend;
 pub use runtime::{
     builder, run, Builder, ControlError, DeadLetterError, DeadLetters, RunError, Runtime,

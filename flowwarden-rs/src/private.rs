@@ -10,8 +10,9 @@ pub use ::std;
 
 pub use crate::context::ChangeContext;
 pub use crate::definition::{
-    CheckpointConfig, FullDocument, FullDocumentBeforeChange, OnHistoryLost, RestartConfig,
-    ResumeStrategy, RetryConfig, SourceLocation, StartPosition, StreamDefinition,
+    CheckpointConfig, Deployment, FullDocument, FullDocumentBeforeChange, LeaseConfig,
+    OnHistoryLost, RestartConfig, ResumeStrategy, RetryConfig, SourceLocation, StartPosition,
+    StreamDefinition,
 };
 pub use crate::event::OperationType;
 pub use crate::handler::{AnyStream, CollectionName, HandlerFuture, StreamHandler};

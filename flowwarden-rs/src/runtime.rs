@@ -11,10 +11,11 @@ use tracing::{error, info, warn};
 
 use crate::backend::{Backend, BackendProvider};
 use crate::dead_letter::{DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadLetterStore};
-use crate::definition::{OnHistoryLost, StreamDefinition};
-use crate::engine::{EngineOptions, StreamEnv, StreamExit};
+use crate::definition::{Deployment, OnHistoryLost, StreamDefinition};
+use crate::engine::{run_single_leader, EngineOptions, StreamEnv, StreamExit};
 use crate::handler::{AnyStream, StreamHandler};
 use crate::handler_error::HandlerError;
+use crate::lease::InstanceId;
 use crate::memory::MemoryBackend;
 use crate::registry;
 use crate::status::{Halt, StatusCell, StreamState, StreamStatus};
@@ -106,6 +107,7 @@ pub struct Builder {
     only: Option<Vec<String>>,
     backend: Option<Backend>,
     without_dead_letters: bool,
+    instance: Option<InstanceId>,
     options: EngineOptions,
 }
 
@@ -124,6 +126,7 @@ impl Builder {
             only: None,
             backend: None,
             without_dead_letters: false,
+            instance: None,
             options: EngineOptions {
                 shutdown_timeout: Duration::from_secs(30),
                 batch_size: 256,
@@ -175,6 +178,14 @@ impl Builder {
     /// (nothing is ever dropped).
     pub fn without_dead_letters(mut self) -> Self {
         self.without_dead_letters = true;
+        self
+    }
+
+    /// This instance's identity (default: `FLOWWARDEN_INSTANCE_ID`, else host name, process
+    /// id and a random suffix). Give each replica a stable one: `AllInstances` checkpoints are
+    /// kept per instance when it is configured.
+    pub fn instance_id(mut self, id: impl Into<String>) -> Self {
+        self.instance = Some(InstanceId::configured(id));
         self
     }
 
@@ -302,8 +313,31 @@ impl Builder {
             backend.dead_letters = None;
         }
         self.options.default_database = backend.default_database.clone();
+        let instance = self.instance.take().unwrap_or_else(InstanceId::from_env);
+        let leaderless: Vec<String> = streams
+            .iter()
+            .map(|s| s.definition())
+            .filter(|d| {
+                matches!(d.deployment, Deployment::SingleLeader(_)) && backend.leases.is_none()
+            })
+            .map(|d| {
+                format!(
+                    "stream '{}' is SingleLeader but the backend has no lease store",
+                    d.name
+                )
+            })
+            .collect();
+        if !leaderless.is_empty() {
+            return Err(StartupError {
+                problems: leaderless,
+            });
+        }
+        info!(instance = %instance, configured = instance.is_configured(), "instance identity");
         for s in &streams {
             log_warnings(s.definition(), backend.dead_letters.is_some());
+            if s.definition().deployment == Deployment::AllInstances && !instance.is_configured() {
+                info!(stream = s.definition().name, "AllInstances without a configured instance identity: the checkpoint is kept under the stream name, for one instance; when several instances run this stream, give each a stable FLOWWARDEN_INSTANCE_ID (or use deployment = SingleLeader)");
+            }
         }
         let (shutdown, _) = watch::channel(false);
         let inner = Arc::new(Inner {
@@ -312,6 +346,7 @@ impl Builder {
             options: Arc::new(self.options),
             shutdown,
             exited: Notify::new(),
+            instance,
         });
         {
             let mut slots = inner.lock_slots();
@@ -474,6 +509,7 @@ struct Inner {
     options: Arc<EngineOptions>,
     shutdown: watch::Sender<bool>,
     exited: Notify,
+    instance: InstanceId,
 }
 
 impl Inner {
@@ -550,6 +586,14 @@ impl RuntimeHandle {
         let (stop_tx, stop_rx) = watch::channel(false);
         slot.stop = stop_tx;
         slot.status.set_state(StreamState::Starting);
+        let def = slot.stream.definition();
+        let instance = &self.inner.instance;
+        let checkpoint_key = match def.deployment {
+            Deployment::AllInstances if instance.is_configured() => {
+                format!("{}@{}", def.name, instance)
+            }
+            _ => def.name.to_owned(),
+        };
         let env = StreamEnv {
             source: self.inner.backend.source.clone(),
             checkpoints: self.inner.backend.checkpoints.clone(),
@@ -557,8 +601,19 @@ impl RuntimeHandle {
             status: slot.status.clone(),
             stop: stop_rx,
             options: self.inner.options.clone(),
+            checkpoint_key,
+            fence: None,
         };
-        let fut = slot.stream.inner.run(env);
+        let fut = match (def.deployment, &self.inner.backend.leases) {
+            (Deployment::SingleLeader(cfg), Some(leases)) => Box::pin(run_single_leader(
+                slot.stream.inner.clone(),
+                env,
+                leases.clone(),
+                instance.to_string(),
+                cfg,
+            )),
+            _ => slot.stream.inner.run(env),
+        };
         let inner = Arc::downgrade(&self.inner);
         slot.task = Some(tokio::spawn(async move {
             let exit = fut.await;

@@ -13,6 +13,8 @@ pub enum StreamState {
     Running,
     /// Re-opening the source after an error, per the restart backoff.
     Resuming,
+    /// A healthy `SingleLeader` standby: another instance holds the lease; this one polls.
+    Standby,
     /// Not running: stopped on request, never started, or halted (see `halt`).
     Stopped,
     /// Halted because every stored position is older than the retained history and

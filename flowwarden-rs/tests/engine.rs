@@ -940,3 +940,25 @@ async fn a_handler_can_dead_letter_its_event_and_force_a_checkpoint() {
         "a requested dead letter is not retried"
     );
 }
+
+/// A stream that starts with no checkpoint starts at the head — and makes that start durable
+/// at once, so a crash before its first checkpoint does not restart it at a later "now".
+#[tokio::test(start_paused = true)]
+async fn a_crash_before_the_first_checkpoint_does_not_skip_to_a_later_now() {
+    let backend = MemoryBackend::new();
+    let d = def("first-start", |d| {
+        d.checkpoint.save_every_n = 1_000;
+        d.checkpoint.save_interval_secs = 0;
+    });
+    let probe = Probe::new(|_| std::future::pending::<Result<(), HandlerError>>().boxed());
+    let rt = start(&backend, &probe, d).await;
+    insert_ids(&backend, [1]);
+    wait_until("1 received", || probe.calls().len() == 1).await;
+    rt.handle().__crash().await;
+    insert_ids(&backend, [2]);
+    let again = Probe::default();
+    let rt = start(&backend, &again, d).await;
+    wait_until("1 and 2 handled", || again.successes().len() == 2).await;
+    rt.shutdown().await;
+    assert_eq!(again.handled_keys(), ids(&[1, 2]));
+}

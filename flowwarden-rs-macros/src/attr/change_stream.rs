@@ -6,7 +6,7 @@ use syn::{Path, TypePath};
 use super::value::{self, Spanned};
 use super::{args_or_report, Keys};
 use crate::ctxt::Ctxt;
-use crate::model::{FullDocument, FullDocumentBeforeChange};
+use crate::model::{DeploymentKind, FullDocument, FullDocumentBeforeChange};
 use crate::symbol::*;
 
 /// What `#[change_stream(..)]` declares, each key checked on its own.
@@ -21,6 +21,10 @@ pub(crate) struct ChangeStreamArgs {
     pub(crate) enabled: Option<Spanned<bool>>,
     pub(crate) auto_start: Option<Spanned<bool>>,
     pub(crate) krate: Option<Spanned<Path>>,
+    pub(crate) deployment: Option<Spanned<DeploymentKind>>,
+    pub(crate) lease_secs: Option<Spanned<u64>>,
+    pub(crate) renew_secs: Option<Spanned<u64>>,
+    pub(crate) standby_poll_secs: Option<Spanned<u64>>,
     /// Every key written (valid spelling, not repeated), even when its value was rejected.
     pub(crate) written: Vec<&'static str>,
 }
@@ -65,6 +69,21 @@ impl ChangeStreamArgs {
                 ENABLED => out.enabled = value::boolean(cx, &arg),
                 AUTO_START => out.auto_start = value::boolean(cx, &arg),
                 CRATE => out.krate = value::path_in_string(cx, &arg, "\"flowwarden\""),
+                DEPLOYMENT => {
+                    out.deployment = value::choice(
+                        cx,
+                        &arg,
+                        &[
+                            ("AllInstances", DeploymentKind::AllInstances),
+                            ("SingleLeader", DeploymentKind::SingleLeader),
+                        ],
+                    );
+                }
+                LEASE_SECS => out.lease_secs = value::integer::<u64>(cx, &arg, "30"),
+                RENEW_SECS => out.renew_secs = value::integer::<u64>(cx, &arg, "10"),
+                STANDBY_POLL_SECS => {
+                    out.standby_poll_secs = value::integer::<u64>(cx, &arg, "5");
+                }
                 _ => unreachable!("key {key} accepted but not read"),
             }
         }

@@ -1,5 +1,6 @@
 //! The stream engine: reading, routing, retrying, dead-lettering and checkpointing one stream.
 
+mod leader;
 mod metrics;
 mod process;
 mod reader;
@@ -22,9 +23,11 @@ use crate::definition::StreamDefinition;
 use crate::event::ChangeEvent;
 use crate::handler::StreamHandler;
 use crate::handler_error::{HandlerError, HandlerErrorKind};
+use crate::lease::Fence;
 use crate::source::ChangeSource;
 use crate::status::{Halt, StatusCell};
 
+pub(crate) use leader::run_single_leader;
 pub(crate) use rng::Rng;
 
 /// Engine settings shared by every stream of a runtime.
@@ -47,6 +50,10 @@ pub(crate) struct StreamEnv {
     pub(crate) status: Arc<StatusCell>,
     pub(crate) stop: watch::Receiver<bool>,
     pub(crate) options: Arc<EngineOptions>,
+    /// The `_id` of this stream's checkpoint (the stream name, or `name@instance`).
+    pub(crate) checkpoint_key: String,
+    /// The leader's fence (`SingleLeader` streams while they hold the lease).
+    pub(crate) fence: Option<Fence>,
 }
 
 /// How a stream task ended.

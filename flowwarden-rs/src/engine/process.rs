@@ -18,8 +18,9 @@ use crate::definition::StreamDefinition;
 use crate::event::ChangeEvent;
 use crate::handler::{HandlerFuture, StreamHandler};
 use crate::handler_error::{ErrorAction, HandlerError, HandlerErrorKind};
+use crate::lease::Fence;
 use crate::status::{Halt, HaltReason, StatusCell};
-use crate::store_error::StoreError;
+use crate::store_error::{StoreError, StoreErrorKind};
 
 /// The result of processing one event.
 #[derive(Debug)]
@@ -37,6 +38,7 @@ pub(crate) struct ProcessCx<'a> {
     pub(crate) options: &'a EngineOptions,
     pub(crate) metrics: &'a StreamMetrics,
     pub(crate) status: &'a StatusCell,
+    pub(crate) fence: Option<&'a Fence>,
 }
 
 /// Runs a handler attempt, turning a panic into a failure.
@@ -243,6 +245,8 @@ async fn dead_letter_at(
         first_failed_at,
         last_failed_at: DateTime::now(),
         status: DeadLetterStatus::Pending,
+        owner: cx.fence.map(|f| f.owner.clone()),
+        epoch: cx.fence.map(|f| f.epoch),
     };
     record.truncate_to(store.max_record_bytes());
     let tries = cx.options.dead_letter_write_attempts.max(1);
@@ -260,6 +264,13 @@ async fn dead_letter_at(
                     how: Settlement::DeadLettered,
                     save_now: false,
                 };
+            }
+            Err(e) if e.kind == StoreErrorKind::Fenced => {
+                return EventOutcome::Halt(Halt {
+                    reason: HaltReason::Fenced,
+                    message: format!("stream '{name}': dead-letter write rejected: {}", e.message),
+                    runbook: HaltReason::Fenced.runbook(),
+                });
             }
             Err(e) => {
                 warn!(stream = name, id = %record.id, attempt, error = %e, "dead-letter write failed; the event stays unsettled");

@@ -133,6 +133,7 @@ mod tests {
             },
             retry: RetryConfig::DEFAULT,
             restart: RestartConfig::DEFAULT,
+            deployment: crate::definition::Deployment::AllInstances,
             source: SourceLocation { file: "f", line: 1 },
         }
     }

@@ -21,6 +21,7 @@ use crate::checkpoint::{Checkpoint, CheckpointStore, Settlement, StoredPosition,
 use crate::definition::{OnHistoryLost, StreamDefinition};
 use crate::event::{ChangeEvent, OperationType, ResumeToken};
 use crate::handler::StreamHandler;
+use crate::lease::Fence;
 use crate::source::{ChangeCursor, SourceError, SourceErrorKind, SourceItem, StartAt, WatchSpec};
 use crate::status::{Halt, HaltReason, StatusCell, StreamState};
 use crate::store_error::StoreErrorKind;
@@ -40,6 +41,8 @@ pub(crate) async fn run_stream<H: StreamHandler>(
             tracker: Tracker::new(None, None, env.options.checkpoint_on_receipt),
             store: env.checkpoints.clone(),
             name: def.name,
+            key: env.checkpoint_key.clone(),
+            fence: env.fence.clone(),
             status: env.status.clone(),
             saved: metrics::counter!(super::metrics::names::CHECKPOINT_SAVED, "stream" => def.name),
             failed: metrics::counter!(super::metrics::names::CHECKPOINT_FAILED, "stream" => def.name),
@@ -223,7 +226,7 @@ impl<H: StreamHandler> Worker<H> {
     async fn load_checkpoint(&mut self) -> Result<Option<Checkpoint>, StreamExit> {
         let name = self.def.name;
         loop {
-            match self.env.checkpoints.load(name).await {
+            match self.env.checkpoints.load(&self.env.checkpoint_key).await {
                 Ok(c) => return Ok(c),
                 Err(e) if e.kind == StoreErrorKind::Corrupt => {
                     return Err(StreamExit::Halted(halt(
@@ -266,6 +269,14 @@ impl<H: StreamHandler> Worker<H> {
                     debug!(stream = name, at = %candidate.at, "cursor opened");
                     if let Some(token) = cursor.initial_position() {
                         self.receive_idle(token);
+                        if candidate.kind == CandidateKind::Head {
+                            // A stream that starts at the head makes that start durable at
+                            // once: a crash before its first checkpoint must not restart it
+                            // at a later "now" and skip what arrived in between.
+                            if let Err(h) = self.progress.save().await {
+                                return Err(StreamExit::Halted(h));
+                            }
+                        }
                     }
                     return Ok(cursor);
                 }
@@ -493,6 +504,7 @@ impl<H: StreamHandler> Worker<H> {
             options: &self.env.options,
             metrics: &self.metrics,
             status: &self.env.status,
+            fence: self.env.fence.as_ref(),
         };
         let span = tracing::info_span!(
             "event",
@@ -596,6 +608,8 @@ struct Progress {
     tracker: Tracker,
     store: Arc<dyn CheckpointStore>,
     name: &'static str,
+    key: String,
+    fence: Option<Fence>,
     status: Arc<StatusCell>,
     saved: metrics::Counter,
     failed: metrics::Counter,
@@ -609,7 +623,11 @@ impl Progress {
             return Ok(());
         }
         let name = self.name;
-        let snapshot = self.tracker.snapshot(name, DateTime::now());
+        let mut snapshot = self.tracker.snapshot(&self.key, DateTime::now());
+        if let Some(f) = &self.fence {
+            snapshot.owner = Some(f.owner.clone());
+            snapshot.epoch = Some(f.epoch);
+        }
         match self.store.save(&snapshot).await {
             Ok(()) => {
                 self.tracker.mark_saved();

@@ -19,6 +19,7 @@ pub(crate) struct FaultState {
     pub(crate) checkpoint_load_failures: u32,
     pub(crate) checkpoint_save_delay: Option<Duration>,
     pub(crate) dead_letter_put_failures: u32,
+    pub(crate) frozen_lease_owners: std::collections::BTreeSet<String>,
     pub(crate) opens: u64,
 }
 
@@ -111,6 +112,17 @@ impl Faults {
     /// The next `n` dead-letter writes fail with an "unavailable" store error.
     pub fn fail_next_dead_letter_puts(&self, n: u32) {
         self.with(|f| f.dead_letter_put_failures += n);
+    }
+
+    /// Every lease renewal by `owner` fails with an "unavailable" store error until
+    /// [`Faults::thaw_lease_renewals`]: that leader is cut off from the store (or paused).
+    pub fn freeze_lease_renewals(&self, owner: &str) {
+        self.with(|f| f.frozen_lease_owners.insert(owner.to_owned()));
+    }
+
+    /// Ends [`Faults::freeze_lease_renewals`] for `owner`.
+    pub fn thaw_lease_renewals(&self, owner: &str) {
+        self.with(|f| f.frozen_lease_owners.remove(owner));
     }
 
     /// How many cursors were opened so far (to assert re-opens).

@@ -7,6 +7,7 @@
 mod collection;
 mod cursor;
 mod faults;
+mod leases;
 mod oplog;
 mod stores;
 
@@ -47,6 +48,7 @@ struct State {
     checkpoints: BTreeMap<String, Document>,
     dead_letters: BTreeMap<String, Document>,
     dead_letter_max_bytes: usize,
+    leases: BTreeMap<String, leases::LeaseRecord>,
     faults: faults::FaultState,
 }
 
@@ -75,6 +77,7 @@ impl MemoryBackend {
                     checkpoints: BTreeMap::new(),
                     dead_letters: BTreeMap::new(),
                     dead_letter_max_bytes: 16 * 1024 * 1024 - 64 * 1024,
+                    leases: BTreeMap::new(),
                     faults: faults::FaultState::default(),
                 }),
                 appended: Notify::new(),
@@ -188,7 +191,8 @@ impl From<MemoryBackend> for Backend {
             default_database: m.default_database(),
             source: m.clone(),
             checkpoints: m.clone(),
-            dead_letters: Some(m),
+            dead_letters: Some(m.clone()),
+            leases: Some(m),
         }
     }
 }

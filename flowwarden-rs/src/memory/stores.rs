@@ -47,8 +47,25 @@ impl CheckpointStore for MemoryBackend {
         if let Some(d) = delay {
             tokio::time::sleep(d).await;
         }
-        self.lock()
-            .checkpoints
+        let mut st = self.lock();
+        if let Some(epoch) = checkpoint.epoch {
+            let stored = st
+                .checkpoints
+                .get(&checkpoint.stream)
+                .and_then(|d| d.get_i64("epoch").ok());
+            if stored.is_some_and(|s| s > epoch) {
+                return Err(StoreError::new(
+                    StoreErrorKind::Fenced,
+                    format!(
+                        "checkpoint of '{}' was written with epoch {} > {epoch}",
+                        checkpoint.stream,
+                        stored.unwrap_or_default()
+                    ),
+                ));
+            }
+            st.check_fence(&checkpoint.stream, checkpoint.owner.as_deref(), Some(epoch))?;
+        }
+        st.checkpoints
             .insert(checkpoint.stream.clone(), checkpoint.to_document());
         Ok(())
     }
@@ -62,6 +79,7 @@ impl DeadLetterStore for MemoryBackend {
             st.faults.dead_letter_put_failures -= 1;
             return Err(unavailable("dead-letter write failed"));
         }
+        st.check_fence(&record.stream, record.owner.as_deref(), record.epoch)?;
         let doc = record.to_document();
         if encoded_len(&doc) > st.dead_letter_max_bytes {
             return Err(StoreError::new(

@@ -1,0 +1,158 @@
+//! `SingleLeader` streams: stand by until the lease is ours, run the stream fenced by the
+//! lease's epoch, renew on a dedicated task, and stop before the lease can expire.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::{ErasedStream, StreamEnv, StreamExit};
+use crate::definition::LeaseConfig;
+use crate::lease::{Fence, Lease, LeaseStore};
+use crate::status::{HaltReason, StreamState};
+
+/// Aborts a helper task when the leader loop ends or is dropped (a crash included), so a
+/// dead leader never keeps renewing its lease.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs `stream` whenever this instance holds its lease; stands by otherwise.
+pub(crate) async fn run_single_leader(
+    stream: Arc<dyn ErasedStream>,
+    mut env: StreamEnv,
+    leases: Arc<dyn LeaseStore>,
+    owner: String,
+    cfg: LeaseConfig,
+) -> StreamExit {
+    let name = stream.definition().name;
+    let mut external_stop = env.stop.clone();
+    loop {
+        if *external_stop.borrow() {
+            env.status.set_state(StreamState::Stopped);
+            return StreamExit::Stopped;
+        }
+        env.status.update(|s| s.state = StreamState::Standby);
+        let lease = match leases.try_acquire(name, &owner, cfg.lease()).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => {
+                wait_or_stop(&mut external_stop, cfg.standby_poll()).await;
+                continue;
+            }
+            Err(e) => {
+                warn!(stream = name, error = %e, "lease store unavailable; standing by");
+                wait_or_stop(&mut external_stop, cfg.standby_poll()).await;
+                continue;
+            }
+        };
+        info!(stream = name, owner = %owner, epoch = lease.epoch, "this instance leads the stream");
+        let (session_tx, session_rx) = watch::channel(false);
+        let session_tx = Arc::new(session_tx);
+        let renewer = AbortOnDrop(tokio::spawn(renew_loop(
+            leases.clone(),
+            lease.clone(),
+            cfg,
+            session_tx.clone(),
+        )));
+        let _forwarder = AbortOnDrop(tokio::spawn({
+            let mut stop = external_stop.clone();
+            let tx = session_tx.clone();
+            async move {
+                let _ = stop.wait_for(|s| *s).await;
+                let _ = tx.send(true);
+            }
+        }));
+        let leader_env = StreamEnv {
+            source: env.source.clone(),
+            checkpoints: env.checkpoints.clone(),
+            dead_letters: env.dead_letters.clone(),
+            status: env.status.clone(),
+            stop: session_rx,
+            options: env.options.clone(),
+            checkpoint_key: env.checkpoint_key.clone(),
+            fence: Some(Fence {
+                owner: owner.clone(),
+                epoch: lease.epoch,
+            }),
+        };
+        let exit = stream.run(leader_env).await;
+        drop(renewer);
+        let stopping = *external_stop.borrow();
+        match exit {
+            StreamExit::Halted(h) if h.reason == HaltReason::Fenced => {
+                warn!(
+                    stream = name,
+                    "deposed: another instance holds the stream now; standing by"
+                );
+            }
+            StreamExit::Stopped if !stopping => {
+                warn!(
+                    stream = name,
+                    epoch = lease.epoch,
+                    "leadership lost (lease not renewed in time); standing by"
+                );
+            }
+            other => {
+                // Stopped on request or halted: progress is flushed; only now free the lease,
+                // so a standby never overlaps this leader.
+                release(&*leases, &lease, name).await;
+                return other;
+            }
+        }
+        env.stop = external_stop.clone();
+    }
+}
+
+async fn release(leases: &dyn LeaseStore, lease: &Lease, name: &str) {
+    if let Err(e) = leases.release(lease).await {
+        warn!(stream = name, error = %e, "could not release the lease; it expires by itself");
+    }
+}
+
+/// Waits `period`, or less when a stop is requested.
+async fn wait_or_stop(stop: &mut watch::Receiver<bool>, period: std::time::Duration) {
+    tokio::select! {
+        _ = tokio::time::sleep(period) => {}
+        _ = stop.wait_for(|s| *s) => {}
+    }
+}
+
+/// Renews every `renew_secs`. When the lease is lost, or cannot be renewed before one renew
+/// period remains on it, stops the session: the leader stops before its lease can expire.
+async fn renew_loop(
+    leases: Arc<dyn LeaseStore>,
+    mut lease: Lease,
+    cfg: LeaseConfig,
+    stop: Arc<watch::Sender<bool>>,
+) {
+    let name = lease.stream.clone();
+    let mut valid_until = Instant::now() + cfg.lease();
+    loop {
+        tokio::time::sleep(cfg.renew()).await;
+        let attempt_at = Instant::now();
+        match leases.renew(&lease, cfg.lease()).await {
+            Ok(Some(renewed)) => {
+                lease = renewed;
+                valid_until = attempt_at + cfg.lease();
+            }
+            Ok(None) => {
+                warn!(stream = %name, epoch = lease.epoch, "lease lost; stopping the stream");
+                let _ = stop.send(true);
+                return;
+            }
+            Err(e) => {
+                warn!(stream = %name, error = %e, "lease renewal failed");
+                if Instant::now() + cfg.renew() >= valid_until {
+                    warn!(stream = %name, "the lease cannot be renewed before it expires; stopping the stream");
+                    let _ = stop.send(true);
+                    return;
+                }
+            }
+        }
+    }
+}

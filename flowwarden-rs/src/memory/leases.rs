@@ -1,0 +1,120 @@
+//! The lease store of the in-memory backend, and the fencing checks its other stores apply.
+//! Expiry is judged by the backend's clock (Tokio's, virtual under `tokio::time::pause`).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::{MemoryBackend, State};
+use crate::lease::{Lease, LeaseStore};
+use crate::store_error::{StoreError, StoreErrorKind};
+
+#[derive(Debug, Clone)]
+pub(crate) struct LeaseRecord {
+    owner: String,
+    epoch: i64,
+    expires: Instant,
+}
+
+impl MemoryBackend {
+    fn lease_of(&self, stream: &str, r: &LeaseRecord) -> Lease {
+        let now = Instant::now();
+        let remaining = r.expires.saturating_duration_since(now).as_millis() as i64;
+        let wall = self.wall_time().timestamp_millis();
+        Lease {
+            stream: stream.to_owned(),
+            owner: r.owner.clone(),
+            epoch: r.epoch,
+            expires_at: bson::DateTime::from_millis(wall + remaining),
+        }
+    }
+}
+
+impl State {
+    /// Rejects a write carrying `epoch` for `stream` unless it is the stream's current lease
+    /// epoch: a deposed leader can never write.
+    pub(crate) fn check_fence(
+        &self,
+        stream: &str,
+        owner: Option<&str>,
+        epoch: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let Some(epoch) = epoch else { return Ok(()) };
+        match self.leases.get(stream) {
+            Some(l) if l.epoch == epoch && owner.is_none_or(|o| o == l.owner) => Ok(()),
+            Some(l) => Err(StoreError::new(
+                StoreErrorKind::Fenced,
+                format!("stream '{stream}' is now held by '{}' with epoch {}; this write carries epoch {epoch}", l.owner, l.epoch),
+            )),
+            None => Err(StoreError::new(
+                StoreErrorKind::Fenced,
+                format!("stream '{stream}' has no lease; this write carries epoch {epoch}"),
+            )),
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseStore for MemoryBackend {
+    async fn try_acquire(
+        &self,
+        stream: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, StoreError> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let epoch = match st.leases.get(stream) {
+            Some(l) if l.expires > now && l.owner != owner => return Ok(None),
+            Some(l) => l.epoch + 1,
+            None => 1,
+        };
+        let rec = LeaseRecord {
+            owner: owner.to_owned(),
+            epoch,
+            expires: now + ttl,
+        };
+        st.leases.insert(stream.to_owned(), rec.clone());
+        drop(st);
+        Ok(Some(self.lease_of(stream, &rec)))
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Option<Lease>, StoreError> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        if st.faults.frozen_lease_owners.contains(&lease.owner) {
+            return Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "lease renewal failed (injected fault)",
+            ));
+        }
+        match st.leases.get_mut(&lease.stream) {
+            Some(l) if l.epoch == lease.epoch && l.owner == lease.owner => {
+                l.expires = now + ttl;
+                let rec = l.clone();
+                drop(st);
+                Ok(Some(self.lease_of(&lease.stream, &rec)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        let mut st = self.lock();
+        if let Some(l) = st.leases.get_mut(&lease.stream) {
+            if l.epoch == lease.epoch && l.owner == lease.owner {
+                // Keep the epoch so the next holder's is higher; just make it free now.
+                l.expires = Instant::now();
+            }
+        }
+        Ok(())
+    }
+
+    async fn current(&self, stream: &str) -> Result<Option<Lease>, StoreError> {
+        let st = self.lock();
+        let rec = st.leases.get(stream).cloned();
+        drop(st);
+        Ok(rec.map(|r| self.lease_of(stream, &r)))
+    }
+}
