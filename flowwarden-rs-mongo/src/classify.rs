@@ -104,11 +104,9 @@ impl ErrorFacts {
             ErrorKind::IncompatibleServer { message, .. } => {
                 (ErrorClass::IncompatibleServer, None, message.clone())
             }
-            ErrorKind::MissingResumeToken => (
-                ErrorClass::MissingResumeToken,
-                None,
-                e.kind.to_string(),
-            ),
+            ErrorKind::MissingResumeToken => {
+                (ErrorClass::MissingResumeToken, None, e.kind.to_string())
+            }
             ErrorKind::Shutdown => (ErrorClass::Shutdown, None, e.kind.to_string()),
             other => (ErrorClass::Other, None, other.to_string()),
         };
@@ -163,8 +161,7 @@ pub fn classify_facts(f: &ErrorFacts) -> SourceErrorKind {
     if f.has_label(NON_RESUMABLE_LABEL) {
         return K::Fatal;
     }
-    if f.has_label(RESUMABLE_LABEL) || f.code.is_some_and(|c| LEGACY_RESUMABLE_CODES.contains(&c))
-    {
+    if f.has_label(RESUMABLE_LABEL) || f.code.is_some_and(|c| LEGACY_RESUMABLE_CODES.contains(&c)) {
         return K::Resumable;
     }
     if let Some(code) = f.code {
@@ -223,8 +220,14 @@ mod tests {
 
     #[test]
     fn history_lost() {
-        assert_eq!(classify_facts(&server(286, &[NON_RESUMABLE_LABEL], "")), K::HistoryLost);
-        assert_eq!(classify_facts(&server(136, &[], "CappedPositionLost")), K::HistoryLost);
+        assert_eq!(
+            classify_facts(&server(286, &[NON_RESUMABLE_LABEL], "")),
+            K::HistoryLost
+        );
+        assert_eq!(
+            classify_facts(&server(136, &[], "CappedPositionLost")),
+            K::HistoryLost
+        );
         assert_eq!(
             classify_facts(&server(
                 1,
@@ -238,19 +241,39 @@ mod tests {
     #[test]
     fn tokens_too_large_fatal() {
         assert_eq!(classify_facts(&server(260, &[], "")), K::InvalidToken);
-        assert_eq!(classify_facts(&server(9, &[], "cannot parse resume token")), K::InvalidToken);
+        assert_eq!(
+            classify_facts(&server(9, &[], "cannot parse resume token")),
+            K::InvalidToken
+        );
         assert_eq!(classify_facts(&server(10334, &[], "")), K::TooLarge);
-        assert_eq!(classify_facts(&server(280, &[NON_RESUMABLE_LABEL], "")), K::Fatal);
-        assert_eq!(classify_facts(&server(4321, &[NON_RESUMABLE_LABEL], "")), K::Fatal);
-        assert_eq!(classify_facts(&server(4321, &[], "")), K::Fatal, "unknown server errors");
+        assert_eq!(
+            classify_facts(&server(280, &[NON_RESUMABLE_LABEL], "")),
+            K::Fatal
+        );
+        assert_eq!(
+            classify_facts(&server(4321, &[NON_RESUMABLE_LABEL], "")),
+            K::Fatal
+        );
+        assert_eq!(
+            classify_facts(&server(4321, &[], "")),
+            K::Fatal,
+            "unknown server errors"
+        );
         assert_eq!(classify_facts(&class(ErrorClass::Shutdown)), K::Fatal);
     }
 
     #[test]
     fn resumable_by_label_code_and_class() {
-        assert_eq!(classify_facts(&server(4321, &[RESUMABLE_LABEL], "")), K::Resumable);
+        assert_eq!(
+            classify_facts(&server(4321, &[RESUMABLE_LABEL], "")),
+            K::Resumable
+        );
         for code in LEGACY_RESUMABLE_CODES {
-            assert_eq!(classify_facts(&server(*code, &[], "")), K::Resumable, "code {code}");
+            assert_eq!(
+                classify_facts(&server(*code, &[], "")),
+                K::Resumable,
+                "code {code}"
+            );
         }
         for c in [
             ErrorClass::Network,
@@ -266,12 +289,22 @@ mod tests {
     #[test]
     fn configuration() {
         assert_eq!(
-            classify_facts(&server(40324, &[], "Unrecognized pipeline stage name: '$lookup'")),
+            classify_facts(&server(
+                40324,
+                &[],
+                "Unrecognized pipeline stage name: '$lookup'"
+            )),
             K::Configuration
         );
         assert_eq!(classify_facts(&server(40573, &[], "")), K::Configuration);
-        assert_eq!(classify_facts(&class(ErrorClass::InvalidArgument)), K::Configuration);
-        assert_eq!(classify_facts(&class(ErrorClass::MissingResumeToken)), K::Configuration);
+        assert_eq!(
+            classify_facts(&class(ErrorClass::InvalidArgument)),
+            K::Configuration
+        );
+        assert_eq!(
+            classify_facts(&class(ErrorClass::MissingResumeToken)),
+            K::Configuration
+        );
     }
 
     #[test]

@@ -84,7 +84,10 @@ mod tests {
             epoch: 4,
             expires_at: DateTime::from_millis(10_000),
         };
-        assert_eq!(LeaseDocument::from_document(&l.to_document()), Ok(l.clone()));
+        assert_eq!(
+            LeaseDocument::from_document(&l.to_document()),
+            Ok(l.clone())
+        );
         assert!(l.is_held_at(DateTime::from_millis(9_999)));
         assert!(!l.is_held_at(DateTime::from_millis(10_000)));
         let mut d = l.to_document();

@@ -99,10 +99,10 @@ impl MongoBackend {
     /// Connects to `uri`, checks the deployment (a replica-set member or a mongos: change
     /// streams do not exist on a standalone) and returns the backend, or every problem found.
     pub async fn connect(uri: &str, database: &str) -> Result<MongoBackend, Vec<String>> {
-        let mut problems = database_name_problems(database);
         let client = match Client::with_uri_str(uri).await {
             Ok(c) => c,
             Err(e) => {
+                let mut problems = database_name_problems(database);
                 problems.push(format!(
                     "cannot use the MongoDB connection string {}: {}",
                     redact_uri(uri),
@@ -114,18 +114,12 @@ impl MongoBackend {
         let backend = MongoBackend {
             client,
             database: database.to_owned(),
-            description: format!("mongodb {}", redact_uri(uri)),
+            description: format!("MongoDB at {}", redact_uri(uri)),
             indexes: Arc::default(),
         };
-        if let Err(mut more) = backend.validate().await {
-            problems.append(&mut more);
-        }
-        if problems.is_empty() {
-            info!(server = %redact_uri(uri), database, "using the MongoDB backend");
-            Ok(backend)
-        } else {
-            Err(problems)
-        }
+        backend.validate().await?;
+        info!(server = %redact_uri(uri), database, "using the MongoDB backend");
+        Ok(backend)
     }
 
     /// Wraps a ready client, without checking the deployment (call
@@ -134,7 +128,7 @@ impl MongoBackend {
         let database = database.into();
         MongoBackend {
             client,
-            description: format!("mongodb (client supplied), database {database}"),
+            description: format!("MongoDB (client supplied), database {database}"),
             database,
             indexes: Arc::default(),
         }
@@ -274,7 +268,9 @@ pub fn redact_uri(uri: &str) -> String {
 /// The backend described by the environment: `None` when `FLOWWARDEN_MONGODB_URI` is not
 /// set; otherwise the connected, validated backend or every problem found.
 pub async fn backend_from_env() -> Option<Result<MongoBackend, Vec<String>>> {
-    let uri = std::env::var(ENV_URI).ok().filter(|u| !u.trim().is_empty())?;
+    let uri = std::env::var(ENV_URI)
+        .ok()
+        .filter(|u| !u.trim().is_empty())?;
     let database = std::env::var(ENV_DATABASE)
         .ok()
         .filter(|d| !d.trim().is_empty())
@@ -344,6 +340,9 @@ mod tests {
             "mongodb://***@h1:27017,h2/?replicaSet=rs0"
         );
         assert_eq!(redact_uri("mongodb://h1/db"), "mongodb://h1/db");
-        assert_eq!(redact_uri("mongodb+srv://u:p@c.example.net"), "mongodb+srv://***@c.example.net");
+        assert_eq!(
+            redact_uri("mongodb+srv://u:p@c.example.net"),
+            "mongodb+srv://***@c.example.net"
+        );
     }
 }

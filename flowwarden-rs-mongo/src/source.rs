@@ -61,7 +61,9 @@ fn full_document(f: FullDocument) -> Option<FullDocumentType> {
 fn before_change(f: FullDocumentBeforeChange) -> Option<FullDocumentBeforeChangeType> {
     match f {
         FullDocumentBeforeChange::Off => None,
-        FullDocumentBeforeChange::WhenAvailable => Some(FullDocumentBeforeChangeType::WhenAvailable),
+        FullDocumentBeforeChange::WhenAvailable => {
+            Some(FullDocumentBeforeChangeType::WhenAvailable)
+        }
         FullDocumentBeforeChange::Required => Some(FullDocumentBeforeChangeType::Required),
     }
 }
@@ -149,7 +151,10 @@ impl ChangeSource for MongoBackend {
         };
         let stream = watch.await.map_err(|e| {
             let mut err = classify(&e);
-            err.message = format!("stream '{}': opening the change stream at {at} failed: {}", spec.stream, err.message);
+            err.message = format!(
+                "stream '{}': opening the change stream at {at} failed: {}",
+                spec.stream, err.message
+            );
             err
         })?;
         // Raw documents: the runtime decodes (driver trap 1).
@@ -157,7 +162,9 @@ impl ChangeSource for MongoBackend {
         // Right after the open, the driver's token is the post-batch token of an empty first
         // batch (or the token we resumed from): a position without a gap.
         let initial = match &at {
-            StartAt::Now | StartAt::OperationTime(_) => stream.resume_token().as_ref().and_then(from_driver),
+            StartAt::Now | StartAt::OperationTime(_) => {
+                stream.resume_token().as_ref().and_then(from_driver)
+            }
             _ => None,
         };
         debug!(stream = spec.stream, %at, split, "change stream opened");
@@ -197,7 +204,10 @@ pub(crate) struct Reassembler {
 
 impl Reassembler {
     pub(crate) fn new(name: &'static str) -> Self {
-        Self { name, partial: None }
+        Self {
+            name,
+            partial: None,
+        }
     }
 
     pub(crate) fn in_progress(&self) -> bool {
@@ -215,7 +225,9 @@ impl Reassembler {
     pub(crate) fn push(&mut self, mut event: Document) -> Result<Option<Document>, SourceError> {
         let Some((fragment, of)) = split_info(&event) else {
             if self.partial.is_some() {
-                return Err(self.fatal("a whole event arrived while a split event was incomplete".into()));
+                return Err(
+                    self.fatal("a whole event arrived while a split event was incomplete".into())
+                );
             }
             return Ok(Some(event));
         };
@@ -261,15 +273,6 @@ impl ChangeCursor for MongoCursor {
             if let Some(ev) = self.ready.pop_front() {
                 return Ok(Some(SourceItem::Event(ev)));
             }
-            if !self.stream.is_alive() {
-                if self.assembler.in_progress() {
-                    return Err(SourceError::new(
-                        SourceErrorKind::Resumable,
-                        format!("stream '{}': the cursor closed in the middle of a split event", self.name),
-                    ));
-                }
-                return Ok(None);
-            }
             match self.stream.next_if_any().await {
                 Ok(Some(event)) => {
                     if event_token(&event).is_none() {
@@ -284,6 +287,20 @@ impl ChangeCursor for MongoCursor {
                     if let Some(whole) = self.assembler.push(event)? {
                         self.ready.push_back(whole);
                     }
+                }
+                Ok(None) if !self.stream.is_alive() => {
+                    // The server closed the cursor (after an invalidate) and every buffered
+                    // event was handed over.
+                    if self.assembler.in_progress() {
+                        return Err(SourceError::new(
+                            SourceErrorKind::Resumable,
+                            format!(
+                                "stream '{}': the cursor closed in the middle of a split event",
+                                self.name
+                            ),
+                        ));
+                    }
+                    return Ok(None);
                 }
                 Ok(None) => {
                     if self.assembler.in_progress() {

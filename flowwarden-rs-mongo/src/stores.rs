@@ -51,7 +51,10 @@ pub(crate) async fn create_indexes(db: &Database) -> Result<(), Error> {
                 .build(),
         )
         .await?;
-    debug!(database = db.name(), "indexes of the _fw_ collections are in place");
+    debug!(
+        database = db.name(),
+        "indexes of the _fw_ collections are in place"
+    );
     Ok(())
 }
 
@@ -108,7 +111,9 @@ impl CheckpointStore for MongoBackend {
             .checkpoints()
             .find_one(doc! { "_id": stream })
             .await
-            .map_err(|e| store_error(&format!("loading the checkpoint of stream '{stream}'"), &e))?;
+            .map_err(|e| {
+                store_error(&format!("loading the checkpoint of stream '{stream}'"), &e)
+            })?;
         match found {
             None => Ok(None),
             Some(d) => Checkpoint::from_document(&d)
@@ -145,7 +150,10 @@ impl CheckpointStore for MongoBackend {
                     ),
                 ))
             }
-            Err(e) => Err(store_error(&format!("writing the checkpoint of stream '{stream}'"), &e)),
+            Err(e) => Err(store_error(
+                &format!("writing the checkpoint of stream '{stream}'"),
+                &e,
+            )),
         }
     }
 }
@@ -158,7 +166,10 @@ impl DeadLetterStore for MongoBackend {
         if size > MAX_RECORD_BYTES {
             return Err(StoreError::new(
                 StoreErrorKind::TooLarge,
-                format!("dead-letter record '{}' is {size} bytes, over {MAX_RECORD_BYTES}", record.id),
+                format!(
+                    "dead-letter record '{}' is {size} bytes, over {MAX_RECORD_BYTES}",
+                    record.id
+                ),
             ));
         }
         let coll = self.dlq().await?;
@@ -176,12 +187,17 @@ impl DeadLetterStore for MongoBackend {
                 };
                 coll.update_one(doc! { "_id": &record.id }, update)
                     .await
-                    .map_err(|e| store_error(&format!("updating dead-letter record '{}'", record.id), &e))?;
+                    .map_err(|e| {
+                        store_error(&format!("updating dead-letter record '{}'", record.id), &e)
+                    })?;
                 Ok(PutOutcome::AlreadyPresent)
             }
             Err(e) => {
                 warn!(id = %record.id, error = %crate::short_error(&e), "dead-letter write failed");
-                Err(store_error(&format!("writing dead-letter record '{}'", record.id), &e))
+                Err(store_error(
+                    &format!("writing dead-letter record '{}'", record.id),
+                    &e,
+                ))
             }
         }
     }
@@ -223,7 +239,10 @@ impl DeadLetterStore for MongoBackend {
     async fn set_status(&self, id: &str, status: DeadLetterStatus) -> Result<bool, StoreError> {
         let coll = self.dlq().await?;
         let r = coll
-            .update_one(doc! { "_id": id }, doc! { "$set": { "status": status.as_str() } })
+            .update_one(
+                doc! { "_id": id },
+                doc! { "$set": { "status": status.as_str() } },
+            )
             .await
             .map_err(|e| store_error(&format!("updating dead-letter record '{id}'"), &e))?;
         Ok(r.matched_count > 0)
