@@ -332,7 +332,7 @@ mod tests {
     fn split_stage_must_be_last() {
         let m = doc! {"$match": {}};
         let s = doc! {SPLIT_STAGE: {}};
-        assert_eq!(split_requested("s", &[m.clone()]), Ok(false));
+        assert_eq!(split_requested("s", std::slice::from_ref(&m)), Ok(false));
         assert_eq!(split_requested("s", &[m.clone(), s.clone()]), Ok(true));
         let e = split_requested("s", &[s, m]).unwrap_err();
         assert_eq!(e.kind, SourceErrorKind::Configuration);

@@ -740,8 +740,8 @@ async fn dead_letters_are_idempotent_listed_and_updated() {
             .await
             .expect("list");
         assert_eq!(
-            pending.iter().map(|r| r.id.clone()).collect::<Vec<_>>(),
-            [a.id.clone()]
+            pending.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+            [a.id.as_str()]
         );
         assert_eq!(
             backend
