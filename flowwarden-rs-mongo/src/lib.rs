@@ -179,7 +179,16 @@ impl MongoBackend {
     pub(crate) async fn indexes_ready(&self) -> Result<(), mongodb::error::Error> {
         self.indexes
             .get_or_try_init(|| async {
-                stores::create_indexes(&self.client.database(&self.database)).await
+                match stores::create_indexes(&self.client.database(&self.database)).await {
+                    Ok(()) => Ok(()),
+                    Err(e) if classify::ErrorFacts::of(&e).code == Some(13) => {
+                        // Indexes only speed up listing and let leases expire; a principal
+                        // without `createIndex` can still run streams.
+                        warn!(database = %self.database, error = %short_error(&e), "not allowed to create the indexes of the _fw_ collections; continuing without them (see docs/mongodb.md, Privileges)");
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
             })
             .await
             .map(|_| ())

@@ -34,13 +34,22 @@ async fn the_environment_selects_and_validates_the_mongodb_backend() {
     let probe = Probe::default();
     let rt = flowwarden::builder()
         .discover(false)
-        .any_stream(AnyStream::with_definition(probe.clone(), def("from-env", |_| {})))
+        .any_stream(AnyStream::with_definition(
+            probe.clone(),
+            def("from-env", |_| {}),
+        ))
         .max_await(Duration::from_millis(150))
         .start()
         .await
         .expect("starts on MongoDB from the environment");
-    wait_status(&rt, "from-env", |s| s.state == flowwarden::StreamState::Running).await;
-    let orders = backend.client().database("envdb").collection::<Document>("orders");
+    wait_status(&rt, "from-env", |s| {
+        s.state == flowwarden::StreamState::Running
+    })
+    .await;
+    let orders = backend
+        .client()
+        .database("envdb")
+        .collection::<Document>("orders");
     orders.insert_one(doc! {"_id": 1}).await.expect("insert");
     wait_until("1 handled", || probe.successes().len() == 1).await;
     rt.shutdown().await;
@@ -51,7 +60,10 @@ async fn the_environment_selects_and_validates_the_mongodb_backend() {
         .find_one(doc! {"_id": "from-env"})
         .await
         .expect("read");
-    assert!(stored.is_some(), "the checkpoint went to envdb._fw_checkpoints on the emulator");
+    assert!(
+        stored.is_some(),
+        "the checkpoint went to envdb._fw_checkpoints on the emulator"
+    );
 
     // A bad configuration is reported, every problem at once, before any stream starts.
     std::env::set_var(
@@ -61,7 +73,10 @@ async fn the_environment_selects_and_validates_the_mongodb_backend() {
     std::env::set_var(flowwarden_rs_mongo::ENV_DATABASE, "bad.db");
     let err = flowwarden::builder()
         .discover(false)
-        .any_stream(AnyStream::with_definition(Probe::default(), def("never", |_| {})))
+        .any_stream(AnyStream::with_definition(
+            Probe::default(),
+            def("never", |_| {}),
+        ))
         .start()
         .await
         .err()
