@@ -538,3 +538,81 @@ async fn an_event_too_large_halts_with_the_runbook(t: &Target) {
     assert_eq!(halt.reason, HaltReason::EventTooLarge);
     assert_eq!(halt.runbook, "docs/runbooks/event-too-large.md");
 }
+
+// An event over 16 MB with `$changeStreamSplitLargeEvent` reaches the handler whole (both
+// images, no `splitEvent`), and the checkpoint passes it only as a whole: a restart continues
+// with the next change, not in the middle of the split event. Needs MongoDB 7.0+/6.0.9+ live.
+scenario!(split_large_events_reach_the_handler_whole);
+async fn split_large_events_reach_the_handler_whole(t: &Target) {
+    let db = t.backend.client().database(&t.db);
+    db.create_collection("orders")
+        .change_stream_pre_and_post_images(
+            mongodb::options::ChangeStreamPreAndPostImages::builder()
+                .enabled(true)
+                .build(),
+        )
+        .await
+        .expect("create with images");
+    let blob = "x".repeat(9 * 1024 * 1024);
+    t.coll("orders")
+        .insert_one(doc! {"_id": 1, "blob": &blob, "n": 0})
+        .await
+        .expect("insert 9 MB");
+    let d = def("split", |d| {
+        d.full_document = flowwarden::FullDocument::WhenAvailable;
+        d.full_document_before_change = flowwarden::FullDocumentBeforeChange::WhenAvailable;
+    });
+    let seen: Arc<std::sync::Mutex<Vec<bson::Document>>> = Arc::default();
+    let s = seen.clone();
+    let probe = Probe::new(move |ctx| {
+        let s = s.clone();
+        async move {
+            let raw = ctx.raw_event();
+            s.lock().expect("lock").push(doc! {
+                "op": raw.get_str("operationType").unwrap_or("?"),
+                "split": raw.contains_key("splitEvent"),
+                "after": raw.get_document("fullDocument").ok().and_then(|d| d.get_i32("n").ok()),
+                "before": raw.get_document("fullDocumentBeforeChange").ok().and_then(|d| d.get_i32("n").ok()),
+                "blobs": raw.get_document("fullDocument").map(|d| d.contains_key("blob")).unwrap_or(false)
+                    && raw.get_document("fullDocumentBeforeChange").map(|d| d.contains_key("blob")).unwrap_or(false),
+            });
+            Ok(())
+        }
+        .boxed()
+    });
+    let rt = start_any(t, AnyStream::with_definition(SplitProbe(probe.clone()), d)).await;
+    t.coll("orders")
+        .update_one(doc! {"_id": 1}, doc! {"$inc": {"n": 1}})
+        .await
+        .expect("update");
+    wait_until("the large update handled", || probe.successes().len() == 1).await;
+    let st = rt.handle().status("split").expect("status");
+    rt.shutdown().await;
+    assert_eq!(
+        st.counters.received, 1,
+        "one event, not one per fragment: {st:?}"
+    );
+    assert_eq!(
+        seen.lock().expect("lock")[0],
+        doc! {"op": "update", "split": false, "after": 1, "before": 0, "blobs": true}
+    );
+    let (_, processed) = t.stored_tokens("split").await;
+    assert_eq!(processed, probe.token_for(1));
+
+    // A restart resumes after the whole event.
+    let again = Probe::default();
+    let rt = start_any(t, AnyStream::with_definition(SplitProbe(again.clone()), d)).await;
+    t.coll("orders")
+        .delete_one(doc! {"_id": 1})
+        .await
+        .expect("delete");
+    wait_until("the delete handled", || again.successes().len() == 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    rt.shutdown().await;
+    let ops: Vec<String> = again.successes().into_iter().map(|c| c.op).collect();
+    assert_eq!(
+        ops,
+        ["delete"],
+        "nothing of the split event is delivered again"
+    );
+}

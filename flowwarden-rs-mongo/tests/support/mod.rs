@@ -407,3 +407,23 @@ pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 pub fn ids(v: &[i32]) -> Vec<Bson> {
     v.iter().map(|i| Bson::Int32(*i)).collect()
 }
+
+/// The probe with a pipeline ending in `$changeStreamSplitLargeEvent`.
+#[derive(Clone, Default)]
+pub struct SplitProbe(pub Probe);
+
+impl StreamHandler for SplitProbe {
+    type Document = Document;
+
+    fn definition() -> &'static StreamDefinition {
+        &DEFAULT_DEF
+    }
+
+    fn pipeline() -> Vec<Document> {
+        vec![doc! { flowwarden_rs_mongo::SPLIT_STAGE: {} }]
+    }
+
+    fn handle(self: Arc<Self>, ctx: Arc<ChangeContext<Document>>) -> Option<HandlerFuture> {
+        Arc::new(self.0.clone()).handle(ctx)
+    }
+}
