@@ -24,6 +24,11 @@ pub const LEGACY_RESUMABLE_CODES: &[i32] = &[
     6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436, 63, 150, 13388, 234, 133, 43,
 ];
 
+/// Transient codes outside the driver's list: authentication hiccups (18 AuthenticationFailed
+/// answered to a command, 391 ReauthenticationRequired), 50 MaxTimeMSExpired, 11601
+/// Interrupted.
+pub const TRANSIENT_CODES: &[i32] = &[18, 391, 50, 11601];
+
 /// Codes that mean the requested position is older than the retained history.
 pub const HISTORY_LOST_CODES: &[i32] = &[286, 136];
 
@@ -161,7 +166,10 @@ pub fn classify_facts(f: &ErrorFacts) -> SourceErrorKind {
     if f.has_label(NON_RESUMABLE_LABEL) {
         return K::Fatal;
     }
-    if f.has_label(RESUMABLE_LABEL) || f.code.is_some_and(|c| LEGACY_RESUMABLE_CODES.contains(&c)) {
+    if f.has_label(RESUMABLE_LABEL)
+        || f.code
+            .is_some_and(|c| LEGACY_RESUMABLE_CODES.contains(&c) || TRANSIENT_CODES.contains(&c))
+    {
         return K::Resumable;
     }
     if let Some(code) = f.code {
@@ -268,7 +276,7 @@ mod tests {
             classify_facts(&server(4321, &[RESUMABLE_LABEL], "")),
             K::Resumable
         );
-        for code in LEGACY_RESUMABLE_CODES {
+        for code in LEGACY_RESUMABLE_CODES.iter().chain(TRANSIENT_CODES) {
             assert_eq!(
                 classify_facts(&server(*code, &[], "")),
                 K::Resumable,

@@ -201,7 +201,10 @@ async fn history_lost_run(
     let rt = start(t, &probe, d).await;
     let st = match policy {
         OnHistoryLost::Fail => {
-            wait_status(&rt, name, |s| s.state == StreamState::HistoryLost).await
+            wait_status(&rt, name, |s| {
+                s.state == StreamState::HistoryLost && s.halt.is_some()
+            })
+            .await
         }
         _ => {
             t.insert_ids([6]).await;
@@ -615,4 +618,27 @@ async fn split_large_events_reach_the_handler_whole(t: &Target) {
         ["delete"],
         "nothing of the split event is delivered again"
     );
+}
+
+// Checkpoint writes failing for a while (step-down, network) delay the stored progress but
+// lose nothing: the progress is kept in memory and written at the next opportunity.
+scenario!(checkpoint_store_outages_delay_progress_but_lose_nothing, emulator_only: "needs write fault injection");
+async fn checkpoint_store_outages_delay_progress_but_lose_nothing(t: &Target) {
+    let probe = Probe::default();
+    let rt = start(t, &probe, def("outage", |d| d.checkpoint.save_every_n = 1)).await;
+    t.emu().fail_command(
+        "update",
+        3,
+        CommandError::new(11600, "InterruptedAtShutdown", "shutting down"),
+    );
+    t.insert_ids([1, 2, 3]).await;
+    wait_until("3 handled", || probe.successes().len() == 3).await;
+    t.insert_ids([4]).await;
+    wait_until("4 handled", || probe.successes().len() == 4).await;
+    let st = wait_status(&rt, "outage", |s| s.counters.checkpoints_saved >= 1).await;
+    rt.shutdown().await;
+    assert!(st.counters.checkpoint_failures >= 1, "{st:?}");
+    let (_, processed) = t.stored_tokens("outage").await;
+    assert_eq!(processed, probe.token_for(4));
+    assert_eq!(probe.handled_keys(), ids(&[1, 2, 3, 4]));
 }
