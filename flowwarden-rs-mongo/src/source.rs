@@ -1,0 +1,366 @@
+//! The change source: `watch()` on the stream's collection, read as raw documents.
+//!
+//! The driver traps this design follows (see `docs/mongodb.md`):
+//! - events are read as `bson::Document`, so the driver never fails to decode one after it has
+//!   moved its cached token past it; the runtime decodes into the user's type;
+//! - the cursor is read with `next_if_any()` in a plain loop, from the engine's one reader
+//!   task; no `next()` is raced against a timer or dropped mid-flight;
+//! - an empty batch becomes an idle tick carrying the post-batch resume token, so quiet and
+//!   filter-heavy streams advance their settled position.
+
+use std::collections::VecDeque;
+
+use async_trait::async_trait;
+use bson::{doc, Bson, Document, Timestamp};
+use flowwarden::{
+    ChangeCursor, ChangeSource, FullDocument, FullDocumentBeforeChange, ResumeToken, SourceError,
+    SourceErrorKind, SourceItem, StartAt, WatchSpec,
+};
+use mongodb::change_stream::ChangeStream;
+use mongodb::options::{FullDocumentBeforeChangeType, FullDocumentType};
+use tracing::{debug, warn};
+
+use crate::classify::classify;
+use crate::token::{event_token, from_driver, to_driver};
+use crate::MongoBackend;
+
+/// The stage that asks the server to split events over 16 MB into fragments.
+pub const SPLIT_STAGE: &str = "$changeStreamSplitLargeEvent";
+
+/// An open change stream of one collection (see the module documentation).
+pub struct MongoCursor {
+    stream: ChangeStream<Document>,
+    name: &'static str,
+    initial: Option<ResumeToken>,
+    /// Whether the pipeline ends with `$changeStreamSplitLargeEvent`.
+    split: bool,
+    /// Fragments of a split event read so far.
+    assembler: Reassembler,
+    /// Items ready to hand out (reassembled events).
+    ready: VecDeque<Document>,
+}
+
+impl std::fmt::Debug for MongoCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MongoCursor")
+            .field("stream", &self.name)
+            .field("split", &self.split)
+            .finish()
+    }
+}
+
+fn full_document(f: FullDocument) -> Option<FullDocumentType> {
+    match f {
+        FullDocument::Default => None,
+        FullDocument::UpdateLookup => Some(FullDocumentType::UpdateLookup),
+        FullDocument::WhenAvailable => Some(FullDocumentType::WhenAvailable),
+        FullDocument::Required => Some(FullDocumentType::Required),
+    }
+}
+
+fn before_change(f: FullDocumentBeforeChange) -> Option<FullDocumentBeforeChangeType> {
+    match f {
+        FullDocumentBeforeChange::Off => None,
+        FullDocumentBeforeChange::WhenAvailable => {
+            Some(FullDocumentBeforeChangeType::WhenAvailable)
+        }
+        FullDocumentBeforeChange::Required => Some(FullDocumentBeforeChangeType::Required),
+    }
+}
+
+/// Whether `pipeline` asks for split events; a split stage anywhere but last is a
+/// configuration error.
+fn split_requested(stream: &str, pipeline: &[Document]) -> Result<bool, SourceError> {
+    let is_split = |d: &Document| d.contains_key(SPLIT_STAGE);
+    let n = pipeline.len();
+    if let Some(i) = pipeline.iter().position(is_split) {
+        if i + 1 != n {
+            return Err(SourceError::new(
+                SourceErrorKind::Configuration,
+                format!("stream '{stream}': {SPLIT_STAGE} must be the last stage of the pipeline (it is stage {} of {n})", i + 1),
+            ));
+        }
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+impl MongoBackend {
+    /// The time of the oldest retained oplog entry, read from `local.oplog.rs`.
+    pub async fn oldest_oplog_time(&self) -> Result<Option<Timestamp>, mongodb::error::Error> {
+        let oldest = self
+            .client
+            .database("local")
+            .collection::<Document>("oplog.rs")
+            .find_one(doc! {})
+            .sort(doc! { "$natural": 1 })
+            .projection(doc! { "ts": 1 })
+            .await?;
+        Ok(oldest.and_then(|d| match d.get("ts") {
+            Some(Bson::Timestamp(ts)) => Some(*ts),
+            _ => None,
+        }))
+    }
+}
+
+#[async_trait]
+impl ChangeSource for MongoBackend {
+    async fn open(
+        &self,
+        spec: &WatchSpec,
+        at: StartAt,
+    ) -> Result<Box<dyn ChangeCursor>, SourceError> {
+        let split = split_requested(spec.stream, &spec.pipeline)?;
+        let db = spec.database.as_deref().unwrap_or(&self.database);
+        let coll = self
+            .client
+            .database(db)
+            .collection::<Document>(&spec.collection);
+        let mut watch = coll
+            .watch()
+            .pipeline(spec.pipeline.clone())
+            .batch_size(spec.batch_size.max(1));
+        if let Some(f) = full_document(spec.full_document) {
+            watch = watch.full_document(f);
+        }
+        if let Some(f) = before_change(spec.full_document_before_change) {
+            watch = watch.full_document_before_change(f);
+        }
+        if !spec.max_await.is_zero() {
+            watch = watch.max_await_time(spec.max_await);
+        }
+        let at = match at {
+            StartAt::OldestAvailable => match self.oldest_oplog_time().await {
+                Ok(Some(ts)) => StartAt::OperationTime(ts),
+                Ok(None) => {
+                    warn!(stream = spec.stream, "the oplog is empty or unreadable; starting at now instead of the oldest entry");
+                    StartAt::Now
+                }
+                Err(e) => {
+                    warn!(stream = spec.stream, error = %crate::short_error(&e), "cannot read the oldest oplog entry (local.oplog.rs needs the `find` privilege on the local database); starting at now instead");
+                    StartAt::Now
+                }
+            },
+            other => other,
+        };
+        watch = match &at {
+            StartAt::ResumeAfter(t) => watch.resume_after(to_driver(t)?),
+            StartAt::StartAfter(t) => watch.start_after(to_driver(t)?),
+            StartAt::OperationTime(ts) => watch.start_at_operation_time(*ts),
+            StartAt::Now | StartAt::OldestAvailable => watch,
+        };
+        let stream = watch.await.map_err(|e| {
+            let mut err = classify(&e);
+            err.message = format!(
+                "stream '{}': opening the change stream at {at} failed: {}",
+                spec.stream, err.message
+            );
+            err
+        })?;
+        // Raw documents: the runtime decodes (driver trap 1).
+        let stream = stream.with_type::<Document>();
+        // Right after the open, the driver's token is the post-batch token of an empty first
+        // batch (or the token we resumed from): a position without a gap.
+        let initial = match &at {
+            StartAt::Now | StartAt::OperationTime(_) => {
+                stream.resume_token().as_ref().and_then(from_driver)
+            }
+            _ => None,
+        };
+        debug!(stream = spec.stream, %at, split, "change stream opened");
+        Ok(Box::new(MongoCursor {
+            stream,
+            name: spec.stream,
+            initial,
+            split,
+            assembler: Reassembler::new(spec.stream),
+            ready: VecDeque::new(),
+        }))
+    }
+
+    fn describe(&self) -> String {
+        self.description.clone()
+    }
+}
+
+fn split_info(event: &Document) -> Option<(i64, i64)> {
+    let s = event.get_document("splitEvent").ok()?;
+    let n = |k: &str| match s.get(k) {
+        Some(Bson::Int32(i)) => Some(i64::from(*i)),
+        Some(Bson::Int64(i)) => Some(*i),
+        _ => None,
+    };
+    Some((n("fragment")?, n("of")?))
+}
+
+/// Reassembles the fragments of split events (`splitEvent {fragment, of}`) into whole events
+/// carrying the last fragment's `_id`.
+#[derive(Debug)]
+pub(crate) struct Reassembler {
+    name: &'static str,
+    /// The merged event so far, the next fragment number, the number of fragments.
+    partial: Option<(Document, i64, i64)>,
+}
+
+impl Reassembler {
+    pub(crate) fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            partial: None,
+        }
+    }
+
+    pub(crate) fn in_progress(&self) -> bool {
+        self.partial.is_some()
+    }
+
+    fn fatal(&self, what: String) -> SourceError {
+        SourceError::new(
+            SourceErrorKind::Fatal,
+            format!("stream '{}': {what}", self.name),
+        )
+    }
+
+    /// Adds a fragment; returns the whole event once the last fragment is in.
+    pub(crate) fn push(&mut self, mut event: Document) -> Result<Option<Document>, SourceError> {
+        let Some((fragment, of)) = split_info(&event) else {
+            if self.partial.is_some() {
+                return Err(
+                    self.fatal("a whole event arrived while a split event was incomplete".into())
+                );
+            }
+            return Ok(Some(event));
+        };
+        event.remove("splitEvent");
+        match self.partial.take() {
+            None if fragment == 1 => self.partial = Some((event, 2, of)),
+            None => {
+                return Err(self.fatal(format!(
+                    "fragment {fragment} of {of} of a split event arrived without the fragments before it"
+                )))
+            }
+            Some((mut merged, expected, total)) if fragment == expected && of == total => {
+                for (k, v) in event {
+                    if k == "_id" {
+                        // The last fragment's token: the checkpoint may pass the event only
+                        // once all of it is settled.
+                        merged.insert("_id", v);
+                    } else {
+                        merged.insert(k, v);
+                    }
+                }
+                self.partial = Some((merged, expected + 1, total));
+            }
+            Some((_, expected, total)) => {
+                return Err(self.fatal(format!(
+                    "fragment {fragment} of {of} of a split event arrived, expected {expected} of {total}"
+                )))
+            }
+        }
+        match &self.partial {
+            Some((_, next, total)) if *next > *total => {
+                Ok(self.partial.take().map(|(merged, _, _)| merged))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+#[async_trait]
+impl ChangeCursor for MongoCursor {
+    async fn next(&mut self) -> Result<Option<SourceItem>, SourceError> {
+        loop {
+            if let Some(ev) = self.ready.pop_front() {
+                return Ok(Some(SourceItem::Event(ev)));
+            }
+            match self.stream.next_if_any().await {
+                Ok(Some(event)) => {
+                    if event_token(&event).is_none() {
+                        return Err(SourceError::new(
+                            SourceErrorKind::Configuration,
+                            format!("stream '{}': a change event has no `_id` resume token (the pipeline must not remove or alter `_id`)", self.name),
+                        ));
+                    }
+                    if !self.split {
+                        return Ok(Some(SourceItem::Event(event)));
+                    }
+                    if let Some(whole) = self.assembler.push(event)? {
+                        self.ready.push_back(whole);
+                    }
+                }
+                Ok(None) if !self.stream.is_alive() => {
+                    // The server closed the cursor (after an invalidate) and every buffered
+                    // event was handed over.
+                    if self.assembler.in_progress() {
+                        return Err(SourceError::new(
+                            SourceErrorKind::Resumable,
+                            format!(
+                                "stream '{}': the cursor closed in the middle of a split event",
+                                self.name
+                            ),
+                        ));
+                    }
+                    return Ok(None);
+                }
+                Ok(None) => {
+                    if self.assembler.in_progress() {
+                        // The post-batch token would pass fragments not yet handed over.
+                        continue;
+                    }
+                    let token = self.stream.resume_token().as_ref().and_then(from_driver);
+                    return Ok(Some(SourceItem::Idle(token)));
+                }
+                Err(e) => {
+                    let mut err = classify(&e);
+                    err.message = format!("stream '{}': {}", self.name, err.message);
+                    return Err(err);
+                }
+            }
+        }
+    }
+
+    fn initial_position(&self) -> Option<ResumeToken> {
+        self.initial.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_stage_must_be_last() {
+        let m = doc! {"$match": {}};
+        let s = doc! {SPLIT_STAGE: {}};
+        assert_eq!(split_requested("s", std::slice::from_ref(&m)), Ok(false));
+        assert_eq!(split_requested("s", &[m.clone(), s.clone()]), Ok(true));
+        let e = split_requested("s", &[s, m]).unwrap_err();
+        assert_eq!(e.kind, SourceErrorKind::Configuration);
+    }
+
+    #[test]
+    fn fragments_are_reassembled_with_the_last_token() {
+        let mut r = Reassembler::new("s");
+        let f1 = doc! {"_id": {"_data": "01"}, "splitEvent": {"fragment": 1, "of": 3}, "operationType": "insert", "fullDocument": {"a": 1}};
+        let f2 = doc! {"_id": {"_data": "02"}, "splitEvent": {"fragment": 2, "of": 3}, "fullDocumentBeforeChange": {"b": 1}};
+        let f3 = doc! {"_id": {"_data": "03"}, "splitEvent": {"fragment": 3, "of": 3}, "updateDescription": {"c": 1}};
+        assert_eq!(r.push(f1), Ok(None));
+        assert!(r.in_progress());
+        assert_eq!(r.push(f2), Ok(None));
+        let whole = r.push(f3).expect("ok").expect("complete");
+        assert!(!r.in_progress());
+        assert_eq!(
+            whole,
+            doc! {"_id": {"_data": "03"}, "operationType": "insert", "fullDocument": {"a": 1}, "fullDocumentBeforeChange": {"b": 1}, "updateDescription": {"c": 1}}
+        );
+        let plain = doc! {"_id": {"_data": "04"}, "operationType": "delete"};
+        assert_eq!(r.push(plain.clone()), Ok(Some(plain)));
+    }
+
+    #[test]
+    fn out_of_order_fragments_are_refused() {
+        let mut r = Reassembler::new("s");
+        let f2 = doc! {"_id": {"_data": "02"}, "splitEvent": {"fragment": 2, "of": 3}};
+        assert_eq!(r.push(f2).unwrap_err().kind, SourceErrorKind::Fatal);
+    }
+}

@@ -1,0 +1,254 @@
+//! The checkpoint store (`_fw_checkpoints`), the dead-letter store (`_fw_dlq`) and the indexes
+//! of the `_fw_` collections.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bson::{doc, Document};
+use flowwarden::dead_letter::{encoded_len, PutOutcome};
+use flowwarden::{
+    Checkpoint, CheckpointStore, DeadLetterQuery, DeadLetterRecord, DeadLetterStatus,
+    DeadLetterStore, StoreError, StoreErrorKind,
+};
+use futures::TryStreamExt;
+use mongodb::error::{Error, ErrorKind, WriteFailure};
+use mongodb::options::IndexOptions;
+use mongodb::{Collection, Database, IndexModel};
+use tracing::{debug, warn};
+
+use crate::{MongoBackend, CHECKPOINTS, DEAD_LETTERS, LOCKS};
+
+/// Name of the listing index of `_fw_dlq`.
+pub const DLQ_INDEX: &str = "stream_1_status_1_firstFailedAt_1";
+/// Name of the TTL index of `_fw_locks`.
+pub const LOCKS_TTL_INDEX: &str = "expiresAt_ttl";
+
+/// The largest dead-letter record stored: 16 MiB minus headroom for the command around it.
+pub const MAX_RECORD_BYTES: usize = 16 * 1024 * 1024 - 64 * 1024;
+
+const DUPLICATE_KEY: i32 = 11000;
+
+/// Creates the indexes of the `_fw_` collections (idempotent).
+pub(crate) async fn create_indexes(db: &Database) -> Result<(), Error> {
+    db.collection::<Document>(DEAD_LETTERS)
+        .create_index(
+            IndexModel::builder()
+                .keys(doc! { "stream": 1, "status": 1, "firstFailedAt": 1 })
+                .options(IndexOptions::builder().name(DLQ_INDEX.to_owned()).build())
+                .build(),
+        )
+        .await?;
+    db.collection::<Document>(LOCKS)
+        .create_index(
+            IndexModel::builder()
+                .keys(doc! { "expiresAt": 1 })
+                .options(
+                    IndexOptions::builder()
+                        .name(LOCKS_TTL_INDEX.to_owned())
+                        .expire_after(Duration::ZERO)
+                        .build(),
+                )
+                .build(),
+        )
+        .await?;
+    debug!(
+        database = db.name(),
+        "indexes of the _fw_ collections are in place"
+    );
+    Ok(())
+}
+
+/// The code of a server or write error.
+fn code_of(e: &Error) -> Option<i32> {
+    match e.kind.as_ref() {
+        ErrorKind::Command(c) => Some(c.code),
+        ErrorKind::Write(WriteFailure::WriteError(w)) => Some(w.code),
+        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => Some(w.code),
+        _ => None,
+    }
+}
+
+/// A driver error as a store error: too large, unauthorized (`Other`), else `Unavailable`
+/// (network, server selection, step-down, timeouts: try again later).
+fn store_error(what: &str, e: &Error) -> StoreError {
+    let kind = match (code_of(e), e.kind.as_ref()) {
+        (Some(10334 | 17419 | 17420), _) => StoreErrorKind::TooLarge,
+        (Some(13), _) => StoreErrorKind::Other,
+        (_, ErrorKind::InvalidArgument { .. }) => StoreErrorKind::Other,
+        _ => StoreErrorKind::Unavailable,
+    };
+    StoreError::new(kind, format!("{what}: {}", crate::short_error(e)))
+}
+
+impl MongoBackend {
+    fn db(&self) -> Database {
+        self.client.database(&self.database)
+    }
+
+    fn checkpoints(&self) -> Collection<Document> {
+        self.db().collection(CHECKPOINTS)
+    }
+
+    fn dead_letters_coll(&self) -> Collection<Document> {
+        self.db().collection(DEAD_LETTERS)
+    }
+
+    async fn dlq(&self) -> Result<Collection<Document>, StoreError> {
+        self.indexes_ready()
+            .await
+            .map_err(|e| store_error("creating the indexes of the _fw_ collections", &e))?;
+        Ok(self.dead_letters_coll())
+    }
+}
+
+#[async_trait]
+impl CheckpointStore for MongoBackend {
+    async fn load(&self, stream: &str) -> Result<Option<Checkpoint>, StoreError> {
+        self.indexes_ready()
+            .await
+            .map_err(|e| store_error("creating the indexes of the _fw_ collections", &e))?;
+        let found = self
+            .checkpoints()
+            .find_one(doc! { "_id": stream })
+            .await
+            .map_err(|e| {
+                store_error(&format!("loading the checkpoint of stream '{stream}'"), &e)
+            })?;
+        match found {
+            None => Ok(None),
+            Some(d) => Checkpoint::from_document(&d)
+                .map(Some)
+                .map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e.to_string())),
+        }
+    }
+
+    async fn save(&self, checkpoint: &Checkpoint) -> Result<(), StoreError> {
+        let stream = &checkpoint.stream;
+        let replacement = checkpoint.to_document();
+        let filter = match checkpoint.epoch {
+            None => doc! { "_id": stream },
+            Some(epoch) => doc! {
+                "_id": stream,
+                "$or": [ { "epoch": { "$exists": false } }, { "epoch": { "$lte": epoch } } ],
+            },
+        };
+        match self
+            .checkpoints()
+            .replace_one(filter, replacement)
+            .upsert(true)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if code_of(&e) == Some(DUPLICATE_KEY) && checkpoint.epoch.is_some() => {
+                // No document with an epoch at or below ours, and the upsert collided with the
+                // existing `_id`: another owner holds a newer epoch.
+                Err(StoreError::new(
+                    StoreErrorKind::Fenced,
+                    format!(
+                        "checkpoint of stream '{stream}' is owned with an epoch newer than {}",
+                        checkpoint.epoch.unwrap_or_default()
+                    ),
+                ))
+            }
+            Err(e) => Err(store_error(
+                &format!("writing the checkpoint of stream '{stream}'"),
+                &e,
+            )),
+        }
+    }
+}
+
+#[async_trait]
+impl DeadLetterStore for MongoBackend {
+    async fn put(&self, record: &DeadLetterRecord) -> Result<PutOutcome, StoreError> {
+        let doc = record.to_document();
+        let size = encoded_len(&doc);
+        if size > MAX_RECORD_BYTES {
+            return Err(StoreError::new(
+                StoreErrorKind::TooLarge,
+                format!(
+                    "dead-letter record '{}' is {size} bytes, over {MAX_RECORD_BYTES}",
+                    record.id
+                ),
+            ));
+        }
+        let coll = self.dlq().await?;
+        match coll.insert_one(doc).await {
+            Ok(_) => Ok(PutOutcome::Inserted),
+            Err(e) if code_of(&e) == Some(DUPLICATE_KEY) => {
+                let update = doc! {
+                    "$inc": { "attempts": i64::from(record.attempts) },
+                    "$set": {
+                        "lastFailedAt": record.last_failed_at,
+                        "errorChain": record.error_chain.clone(),
+                        "errorKind": &record.error_kind,
+                        "status": DeadLetterStatus::Pending.as_str(),
+                    },
+                };
+                coll.update_one(doc! { "_id": &record.id }, update)
+                    .await
+                    .map_err(|e| {
+                        store_error(&format!("updating dead-letter record '{}'", record.id), &e)
+                    })?;
+                Ok(PutOutcome::AlreadyPresent)
+            }
+            Err(e) => {
+                warn!(id = %record.id, error = %crate::short_error(&e), "dead-letter write failed");
+                Err(store_error(
+                    &format!("writing dead-letter record '{}'", record.id),
+                    &e,
+                ))
+            }
+        }
+    }
+
+    async fn list(&self, query: &DeadLetterQuery) -> Result<Vec<DeadLetterRecord>, StoreError> {
+        let mut filter = Document::new();
+        if let Some(s) = &query.stream {
+            filter.insert("stream", s);
+        }
+        if let Some(s) = query.status {
+            filter.insert("status", s.as_str());
+        }
+        let coll = self.dlq().await?;
+        let mut find = coll
+            .find(filter)
+            .sort(doc! { "firstFailedAt": 1, "_id": 1 });
+        if let Some(limit) = query.limit {
+            find = find.limit(i64::try_from(limit).unwrap_or(i64::MAX));
+        }
+        let docs: Vec<Document> = find
+            .await
+            .map_err(|e| store_error("listing dead letters", &e))?
+            .try_collect()
+            .await
+            .map_err(|e| store_error("listing dead letters", &e))?;
+        docs.iter().map(DeadLetterRecord::from_document).collect()
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<DeadLetterRecord>, StoreError> {
+        let coll = self.dlq().await?;
+        coll.find_one(doc! { "_id": id })
+            .await
+            .map_err(|e| store_error(&format!("reading dead-letter record '{id}'"), &e))?
+            .as_ref()
+            .map(DeadLetterRecord::from_document)
+            .transpose()
+    }
+
+    async fn set_status(&self, id: &str, status: DeadLetterStatus) -> Result<bool, StoreError> {
+        let coll = self.dlq().await?;
+        let r = coll
+            .update_one(
+                doc! { "_id": id },
+                doc! { "$set": { "status": status.as_str() } },
+            )
+            .await
+            .map_err(|e| store_error(&format!("updating dead-letter record '{id}'"), &e))?;
+        Ok(r.matched_count > 0)
+    }
+
+    fn max_record_bytes(&self) -> usize {
+        MAX_RECORD_BYTES
+    }
+}

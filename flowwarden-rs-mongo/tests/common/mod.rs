@@ -1,0 +1,102 @@
+//! Shared helpers of the adapter tests: an emulator, a backend on it, cursor helpers.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use bson::Document;
+use flowwarden::{ChangeCursor, SourceError, SourceItem, WatchSpec};
+use flowwarden_rs_mongo::MongoBackend;
+use mongo_emulator::Emulator;
+
+pub const DB: &str = "fwtest";
+
+/// Logs to the test output when `RUST_LOG` is set.
+pub fn init_logs() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}
+
+/// An emulator and a validated backend on it (database `fwtest`).
+pub async fn emulator() -> (Emulator, MongoBackend) {
+    init_logs();
+    let emu = Emulator::start().await.expect("emulator starts");
+    let backend = MongoBackend::connect(&emu.uri(), DB)
+        .await
+        .expect("backend connects");
+    (emu, backend)
+}
+
+/// A watch spec for `collection` with a short idle wait.
+pub fn spec(collection: &str, pipeline: Vec<Document>) -> WatchSpec {
+    WatchSpec {
+        stream: "adapter",
+        database: Some(DB.to_owned()),
+        collection: collection.to_owned(),
+        pipeline,
+        full_document: flowwarden::FullDocument::Default,
+        full_document_before_change: flowwarden::FullDocumentBeforeChange::Off,
+        batch_size: 100,
+        max_await: Duration::from_millis(100),
+    }
+}
+
+/// The next item, bounded by 10 s.
+pub async fn next_item(
+    cursor: &mut Box<dyn ChangeCursor>,
+) -> Result<Option<SourceItem>, SourceError> {
+    tokio::time::timeout(Duration::from_secs(10), cursor.next())
+        .await
+        .expect("the cursor answers within 10 s")
+}
+
+/// The next event, skipping idle ticks (bounded).
+pub async fn next_event(cursor: &mut Box<dyn ChangeCursor>) -> Result<Document, SourceError> {
+    for _ in 0..100 {
+        match next_item(cursor).await? {
+            Some(SourceItem::Event(e)) => return Ok(e),
+            Some(SourceItem::Idle(_)) => continue,
+            None => panic!("the cursor closed while an event was expected"),
+        }
+    }
+    panic!("no event after 100 idle ticks")
+}
+
+/// The `_id` of an event, as the runtime's token.
+pub fn token_of(event: &Document) -> flowwarden::ResumeToken {
+    flowwarden::ResumeToken::from_document(event.get_document("_id").expect("_id").clone())
+}
+
+/// `documentKey._id` of an event as i32.
+pub fn key_of(event: &Document) -> i32 {
+    event
+        .get_document("documentKey")
+        .expect("documentKey")
+        .get_i32("_id")
+        .expect("int _id")
+}
+
+/// Bounds a test body by 60 s.
+pub async fn bounded<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .expect("test finished within 60 s")
+}
+
+/// `expect_err` for an open (a cursor is not `Debug`).
+pub trait OpenErr {
+    /// The error, or a panic naming `what`.
+    fn open_err(self, what: &str) -> SourceError;
+}
+
+impl OpenErr for Result<Box<dyn ChangeCursor>, SourceError> {
+    fn open_err(self, what: &str) -> SourceError {
+        match self {
+            Ok(_) => panic!("{what}: the open succeeded"),
+            Err(e) => e,
+        }
+    }
+}
