@@ -203,6 +203,9 @@ impl From<MongoBackend> for Backend {
             source: m.clone(),
             checkpoints: m.clone(),
             dead_letters: Some(m),
+            // The `_fw_locks` lease store is not implemented yet: `SingleLeader` streams are
+            // refused at startup on MongoDB (see docs/deployment.md).
+            leases: None,
         }
     }
 }

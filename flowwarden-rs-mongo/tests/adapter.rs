@@ -672,6 +672,8 @@ fn record(stream: &str, data: &str, first_ms: i64) -> DeadLetterRecord {
         first_failed_at: DateTime::from_millis(first_ms),
         last_failed_at: DateTime::from_millis(first_ms),
         status: DeadLetterStatus::Pending,
+        owner: None,
+        epoch: None,
     }
 }
 

@@ -262,6 +262,7 @@ static DEFAULT_DEF: StreamDefinition = StreamDefinition {
     checkpoint: CheckpointConfig::DEFAULT,
     retry: RetryConfig::DEFAULT,
     restart: RestartConfig::DEFAULT,
+    deployment: flowwarden::Deployment::AllInstances,
     source: SourceLocation {
         file: file!(),
         line: line!(),
