@@ -1,0 +1,5 @@
+//! Runnable examples of flowwarden-rs. The `orders` example lives here as a library so the
+//! test suite runs exactly what `cargo run -p flowwarden-examples --bin orders` runs, on the
+//! in-memory backend and through the real MongoDB driver.
+
+pub mod orders;
