@@ -62,7 +62,7 @@ pub struct DecodeError {
     pub source: bson::de::Error,
 }
 
-impl<T: DeserializeOwned> ChangeContext<T> {
+impl<T: DeserializeOwned + 'static> ChangeContext<T> {
     /// Builds the context, decoding `fullDocument` and `fullDocumentBeforeChange` into `T`.
     pub fn decode(stream: &'static str, event: Arc<ChangeEvent>) -> Result<Self, DecodeError> {
         let document = decode_field::<T>(&event, "fullDocument")?;
@@ -101,11 +101,16 @@ impl<T: DeserializeOwned> ChangeContext<T> {
     }
 }
 
-fn decode_field<T: DeserializeOwned>(
+fn decode_field<T: DeserializeOwned + 'static>(
     event: &ChangeEvent,
     field: &'static str,
 ) -> Result<Option<T>, DecodeError> {
     match event.raw().get_document(field) {
+        // A stream without a `document` type reads raw documents: a clone, not a decode.
+        Ok(doc) if std::any::TypeId::of::<T>() == std::any::TypeId::of::<Document>() => {
+            let any: Box<dyn std::any::Any> = Box::new(doc.clone());
+            Ok(any.downcast::<T>().ok().map(|b| *b))
+        }
         Ok(doc) => bson::from_document::<T>(doc.clone())
             .map(Some)
             .map_err(|source| DecodeError {
@@ -261,6 +266,21 @@ mod tests {
         assert_eq!(ctx.document().map(|o| o.status.as_str()), Some("PAID"));
         assert_eq!(ctx.event_id().as_str(), "orders:01");
         assert_eq!(ctx.document_owned().expect("present").status, "PAID");
+    }
+
+    #[test]
+    fn raw_document_streams_get_the_document_as_is() {
+        let ev = event(doc! {
+            "_id": {"_data": "01"}, "operationType": "replace",
+            "fullDocument": {"_id": 1, "status": 5},
+            "fullDocumentBeforeChange": {"_id": 1, "status": 4}
+        });
+        let ctx = ChangeContext::<Document>::decode("raw", ev).expect("decodes");
+        assert_eq!(ctx.document(), Some(&doc! {"_id": 1, "status": 5}));
+        assert_eq!(
+            ctx.document_before_change(),
+            Some(&doc! {"_id": 1, "status": 4})
+        );
     }
 
     #[test]

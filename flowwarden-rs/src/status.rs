@@ -156,12 +156,22 @@ impl StatusCell {
         }
     }
 
+    /// Applies `f`. Waiters are woken when the state or the halt changes; counter changes
+    /// are picked up by their periodic re-check, so a busy stream does not wake an observer
+    /// on every event.
     pub(crate) fn update(&self, f: impl FnOnce(&mut StreamStatus)) {
-        match self.inner.lock() {
-            Ok(mut s) => f(&mut s),
-            Err(poisoned) => f(&mut poisoned.into_inner()),
+        let changed = {
+            let mut guard = match self.inner.lock() {
+                Ok(g) => g,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            let before = (guard.state, guard.halt.is_some());
+            f(&mut guard);
+            before != (guard.state, guard.halt.is_some())
+        };
+        if changed {
+            self.changed.notify_waiters();
         }
-        self.changed.notify_waiters();
     }
 
     pub(crate) fn set_state(&self, state: StreamState) {
@@ -182,7 +192,10 @@ impl StatusCell {
             if pred(&snap) {
                 return snap;
             }
-            notified.await;
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
+            }
         }
     }
 }

@@ -138,7 +138,7 @@ impl FromDocumentType {
     async fn replaced(&self, _order: Order) {}
 }
 
-fn context<T: serde::de::DeserializeOwned>(
+fn context<T: serde::de::DeserializeOwned + 'static>(
     stream: &'static str,
     raw: Document,
 ) -> ChangeContext<T> {
