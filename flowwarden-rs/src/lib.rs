@@ -4,6 +4,43 @@
 //! [`run()`], and each stream is validated at startup and supervised: routed by operation type,
 //! filtered, retried, dead-lettered, and checkpointed only over settled events — at-least-once,
 //! and never a silent gap. See the README and `docs/` for the whole picture.
+//!
+//! ```no_run
+//! use bson::{doc, Document};
+//! use flowwarden::{change_stream, checkpoint, retry, ChangeContext, HandlerError};
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Order { status: String }
+//!
+//! #[derive(Default)]
+//! struct OrderStream;
+//!
+//! #[change_stream(name = "orders", collection = "orders", document = Order,
+//!                 full_document = "updateLookup")]
+//! #[checkpoint(save_every_n = 5, save_interval_secs = 10)]
+//! #[retry(max_attempts = 3, initial_delay_ms = 200)]
+//! impl OrderStream {
+//!     #[pipeline]
+//!     fn pipeline() -> Vec<Document> { vec![doc! { "$match": { "fullDocument.status": "PAID" } }] }
+//!
+//!     #[on_insert]
+//!     async fn created(&self, order: Order, ctx: &ChangeContext<Order>) -> Result<(), HandlerError> {
+//!         println!("{} paid: {}", ctx.event_id(), order.status);
+//!         Ok(())
+//!     }
+//!
+//!     #[on_update] #[on_replace]
+//!     async fn changed(&self, _order: Order) -> Result<(), HandlerError> { Ok(()) }
+//!
+//!     #[on_delete]
+//!     fn deleted(&self, ctx: &ChangeContext<Order>) { println!("gone: {:?}", ctx.document_key()) }
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), flowwarden::RunError> {
+//!     flowwarden::run().await
+//! }
+//! ```
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
 #[allow(unused_extern_crates)]
