@@ -88,13 +88,11 @@ pub(crate) struct WorldState {
     pub(crate) settled: BTreeMap<u64, Settle>,
     /// Changes inside a gap the runtime reported (history lost, accepted by policy).
     pub(crate) gap: BTreeSet<u64>,
-    /// Per change: the source epoch of each successful invocation.
-    pub(crate) successes: BTreeMap<u64, Vec<u64>>,
-    pub(crate) last_success_by_key: BTreeMap<i32, (u64, u64)>,
+    /// Per change: successful invocations.
+    pub(crate) successes: BTreeMap<u64, u32>,
+    /// Per change: how many times a cursor delivered it (the only source of repeats).
+    pub(crate) deliveries: BTreeMap<u64, u32>,
     pub(crate) calls: BTreeMap<u64, u32>,
-    /// Bumped at every cursor open and every backwards move of a cursor: the only ways an
-    /// event can be delivered again.
-    pub(crate) epoch: u64,
     pub(crate) handle: Option<RuntimeHandle>,
     /// History-lost counts of finished runtimes, plus how many were turned into gaps.
     pub(crate) history_lost_finished: u64,
@@ -122,9 +120,8 @@ impl World {
                 settled: BTreeMap::new(),
                 gap: BTreeSet::new(),
                 successes: BTreeMap::new(),
-                last_success_by_key: BTreeMap::new(),
+                deliveries: BTreeMap::new(),
                 calls: BTreeMap::new(),
-                epoch: 0,
                 handle: None,
                 history_lost_finished: 0,
                 history_lost_accounted: 0,
@@ -240,47 +237,39 @@ impl WorldState {
 
     /// Invariants 3 and 4, at the instant a handler succeeds.
     fn on_success(&mut self, seq: u64, key: Option<i32>) {
-        let epoch = self.epoch;
         self.stats.successes += 1;
-        if let Some(prev) = self.successes.get(&seq) {
+        let before = self.successes.get(&seq).copied().unwrap_or(0);
+        let delivered = self.deliveries.get(&seq).copied().unwrap_or(0);
+        if before > 0 {
             self.stats.duplicate_successes += 1;
-            if prev.last() == Some(&epoch) {
-                self.violate(
-                    Invariant::DuplicateWithoutFault,
-                    format!("change #{seq} handled successfully again with no re-open or rewind of the source since its previous success"),
-                );
-            }
-        } else if let Some(k) = key {
-            let earlier = self
-                .checked_changes(seq.saturating_sub(1))
-                .find(|c| c.key == Some(k) && c.seq < seq && !self.accounted(c))
-                .map(|c| c.to_string());
-            if let Some(c) = earlier {
-                self.violate(
-                    Invariant::PerKeyOrder,
-                    format!("change #{seq} of k{k} handled before the earlier change {c} of the same key was settled"),
-                );
-            }
         }
-        if let Some(k) = key {
-            if let Some((last, last_epoch)) = self.last_success_by_key.get(&k).copied() {
-                if seq < last && last_epoch == epoch {
+        if before + 1 > delivered {
+            self.violate(
+                Invariant::DuplicateWithoutFault,
+                format!("change #{seq} handled successfully {} time(s) but delivered by the source only {delivered} time(s)", before + 1),
+            );
+        }
+        if before == 0 {
+            if let Some(k) = key {
+                let earlier = self
+                    .checked_changes(seq.saturating_sub(1))
+                    .find(|c| c.key == Some(k) && c.seq < seq && !self.accounted(c))
+                    .map(|c| c.to_string());
+                if let Some(c) = earlier {
                     self.violate(
                         Invariant::PerKeyOrder,
-                        format!("k{k}: change #{seq} handled after the later change #{last} with no redelivery in between (reordered)"),
+                        format!("change #{seq} of k{k} handled before the earlier change {c} of the same key was settled"),
                     );
                 }
             }
-            self.last_success_by_key.insert(k, (seq, epoch));
         }
-        self.successes.entry(seq).or_default().push(epoch);
+        *self.successes.entry(seq).or_default() += 1;
         self.settle(seq, Settle::Handled);
     }
 
     /// A cursor was opened at `at`: a new source epoch; a loud history-lost restart turns
     /// the unsettled changes it skips into a reported gap.
     fn on_open(&mut self, at: &StartAt, head: u64, first: u64, result: &Result<(), SourceError>) {
-        self.epoch += 1;
         self.stats.opens += 1;
         let lost_now = self.history_lost_finished
             + self
@@ -555,8 +544,10 @@ impl ChangeCursor for RecCursor {
             Ok(Some(SourceItem::Event(raw))) => {
                 if let Some(seq) = event_seq(raw) {
                     let invalidate = raw.get_str("operationType") == Ok("invalidate");
+                    if !invalidate {
+                        *w.deliveries.entry(seq).or_default() += 1;
+                    }
                     if !invalidate && self.last.is_some_and(|l| seq <= l) {
-                        w.epoch += 1;
                         w.log(format!(
                             "source moved back: #{seq} after #{}",
                             self.last.unwrap_or(0)

@@ -148,3 +148,54 @@ async fn crash_before_the_first_checkpoint_does_not_skip_changes() {
         "the change committed while the process was down must be handled"
     );
 }
+
+/// Seed 697 (a bug of the in-memory backend's fault injection, not of the engine). A cursor
+/// that had scanned a batch but delivered only part of it was rewound relative to its scan
+/// position and dropped the undelivered rest: `rewind_cursors(1)` after delivering #1 of
+/// #1..#3 skipped #2 — the source itself lost an event. A rewind must only repeat events.
+#[tokio::test(start_paused = true)]
+async fn rewinding_a_cursor_repeats_events_and_never_skips_one() {
+    use flowwarden::{ChangeSource, SourceItem, StartAt, WatchSpec};
+    let memory = MemoryBackend::new();
+    let spec = WatchSpec {
+        stream: "bug",
+        database: None,
+        collection: "orders".into(),
+        pipeline: vec![],
+        full_document: flowwarden::FullDocument::Default,
+        full_document_before_change: flowwarden::FullDocumentBeforeChange::Off,
+        batch_size: 256,
+        max_await: Duration::from_millis(100),
+    };
+    let mut cursor = ChangeSource::open(&memory, &spec, StartAt::Now)
+        .await
+        .unwrap();
+    let orders = memory.collection("orders");
+    for i in 1..=3 {
+        orders.insert_one(doc! {"_id": i}).unwrap();
+    }
+    let mut keys = Vec::new();
+    // At most 20 reads per event (idle ticks in between), so a skipped event fails, not hangs.
+    let next_key = async |cursor: &mut Box<dyn flowwarden::ChangeCursor>| {
+        for _ in 0..20 {
+            if let Some(SourceItem::Event(ev)) = cursor.next().await.unwrap() {
+                return ev
+                    .get_document("documentKey")
+                    .unwrap()
+                    .get_i32("_id")
+                    .unwrap();
+            }
+        }
+        -1
+    };
+    keys.push(next_key(&mut cursor).await);
+    memory.faults().rewind_cursors(1);
+    for _ in 0..3 {
+        keys.push(next_key(&mut cursor).await);
+    }
+    assert_eq!(
+        keys,
+        [1, 1, 2, 3],
+        "the rewind repeats #1, then #2 and #3 follow"
+    );
+}
