@@ -404,7 +404,7 @@ impl Sim<'_> {
     }
 
     /// No more faults: wait until the stream caught up or halted; an operator restarts a
-    /// stream halted for a transient reason (store or source unavailable) up to 8 times.
+    /// stream halted for a transient reason (store or source unavailable) up to 12 times.
     async fn drain(&mut self) -> Result<(), SimError> {
         self.log("drain: no more faults");
         let f = self.memory.faults();
@@ -426,7 +426,7 @@ impl Sim<'_> {
             if let Some(h) = status.as_ref().and_then(|s| s.halt.as_ref()) {
                 match h.reason {
                     HaltReason::HistoryLost | HaltReason::Invalidated => break,
-                    _ if operator_restarts < 8 => {
+                    _ if operator_restarts < 12 => {
                         operator_restarts += 1;
                         self.log(format!(
                             "drain: operator restarts the stream halted by {:?}",

@@ -326,6 +326,7 @@ impl Schedule {
         let writes = r.range(12, 40);
         let mut steps = Vec::new();
         let mut down_for: Option<u64> = None;
+        let mut dead_letter_failures = 0u32;
         let mut n = 0i64;
         let status = |r: &mut SplitMix64| r.pick(&STATUSES);
         for _ in 0..writes {
@@ -404,7 +405,11 @@ impl Schedule {
                 } else {
                     None
                 }),
-                12 => Step::DeadLetterPutFailures(r.range(1, 6) as u32),
+                12 if dead_letter_failures < 8 => {
+                    let n = r.range(1, 6) as u32;
+                    dead_letter_failures += n;
+                    Step::DeadLetterPutFailures(n)
+                }
                 13 => Step::OpenFailures(r.range(1, 3) as usize),
                 _ => Step::GracefulRestart,
             };
