@@ -31,13 +31,17 @@ impl std::fmt::Debug for Backend {
     }
 }
 
+/// What a [`BackendProvider`] yields: `None`, the backend, or every problem found.
+#[doc(hidden)]
+pub type FromEnv = BoxFuture<'static, Option<Result<Backend, Vec<String>>>>;
+
 /// A backend that configures itself from the environment (the MongoDB crate registers one),
 /// so `flowwarden::run()` can pick it without the runtime depending on it.
 #[doc(hidden)]
 pub struct BackendProvider {
     /// `None` when the environment does not ask for this backend; otherwise the backend or
     /// every problem found while connecting and validating.
-    pub from_env: fn() -> BoxFuture<'static, Option<Result<Backend, Vec<String>>>>,
+    pub from_env: fn() -> FromEnv,
 }
 
 inventory::collect!(BackendProvider);

@@ -140,7 +140,7 @@ async fn simulate(schedule: &Schedule, opts: SimOptions) -> Result<SeedOutcome, 
     for k in &schedule.initial_keys {
         let _ = coll.insert_one(doc! {"_id": *k, "n": 0i64, "status": "NEW"});
     }
-    let world = World::new(schedule.seed, schedule.settings.clone(), memory.clone());
+    let world = World::new(schedule.seed, schedule.settings.clone());
     let backend = Backend {
         source: Arc::new(RecSource {
             world: world.clone(),
@@ -381,11 +381,7 @@ impl Sim<'_> {
                 "injected open failure",
             ),
             Step::Crash => self.crash().await,
-            Step::Restart => {
-                if self.runtime.is_none() {
-                    self.start().await?;
-                }
-            }
+            Step::Restart if self.runtime.is_none() => self.start().await?,
             Step::GracefulRestart => {
                 self.shutdown().await;
                 self.start().await?;

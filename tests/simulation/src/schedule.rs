@@ -327,10 +327,9 @@ impl Schedule {
         let mut steps = Vec::new();
         let mut down_for: Option<u64> = None;
         let mut dead_letter_failures = 0u32;
-        let mut n = 0i64;
         let status = |r: &mut SplitMix64| r.pick(&STATUSES);
-        for _ in 0..writes {
-            n += 1;
+        for i in 0..writes {
+            let n = i as i64 + 1;
             let key = r.below(keys as u64) as i32;
             let bad = r.chance(5);
             let step = if present[key as usize] {
@@ -385,7 +384,7 @@ impl Schedule {
             let fault = match r.below(15) {
                 0 | 1 => Step::ReadErrors(r.range(1, 3) as usize),
                 2 => Step::CloseStreams,
-                3 | 4 | 5 => {
+                3..=5 => {
                     // Often while a handler is in flight: a short advance, then the crash.
                     steps.push(Step::Advance(r.pick(&[0, 1, 10, 50, 300])));
                     down_for = Some(r.range(0, 3));

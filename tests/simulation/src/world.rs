@@ -50,7 +50,10 @@ pub(crate) struct Change {
 impl std::fmt::Display for Change {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.key {
-            Some(k) => write!(f, "#{} {:?} k{}", self.seq, self.op, k),
+            Some(k) => match self.status {
+                Some(st) => write!(f, "#{} {:?} k{} status={st}", self.seq, self.op, k),
+                None => write!(f, "#{} {:?} k{}", self.seq, self.op, k),
+            },
             None => write!(f, "#{} {:?}", self.seq, self.op),
         }
     }
@@ -81,7 +84,6 @@ pub(crate) struct WorldState {
     pub(crate) t0: Instant,
     pub(crate) seed: u64,
     pub(crate) settings: Settings,
-    pub(crate) memory: MemoryBackend,
     pub(crate) changes: BTreeMap<u64, Change>,
     /// Head of the oplog when the stream first opened: changes after it are checked.
     pub(crate) start_seq: Option<u64>,
@@ -108,13 +110,12 @@ pub(crate) struct World {
 }
 
 impl World {
-    pub(crate) fn new(seed: u64, settings: Settings, memory: MemoryBackend) -> Arc<World> {
+    pub(crate) fn new(seed: u64, settings: Settings) -> Arc<World> {
         Arc::new(World {
             state: Mutex::new(WorldState {
                 t0: Instant::now(),
                 seed,
                 settings,
-                memory,
                 changes: BTreeMap::new(),
                 start_seq: None,
                 settled: BTreeMap::new(),
