@@ -405,7 +405,8 @@ impl Schedule {
                     None
                 }),
                 12 if dead_letter_failures < 8 => {
-                    let n = r.range(1, 6) as u32;
+                    // At most 8 queued in all, so the drain's operator restarts outlast them.
+                    let n = (r.range(1, 6) as u32).min(8 - dead_letter_failures);
                     dead_letter_failures += n;
                     Step::DeadLetterPutFailures(n)
                 }

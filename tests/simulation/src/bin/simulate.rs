@@ -82,6 +82,7 @@ fn main() -> ExitCode {
         };
     }
     let started = Instant::now();
+    let started = &started;
     let opts = args.opts;
     let threads = args.threads;
     let results: Vec<(Stats, Vec<u64>)> = std::thread::scope(|s| {
@@ -105,6 +106,14 @@ fn main() -> ExitCode {
                             }
                         }
                         seed += threads;
+                        if t == 0 && (seed - args.from) % 50_000 < threads {
+                            eprintln!(
+                                "  ... {} seeds, {:.0} s, {} failing so far (thread 0)",
+                                seed - args.from,
+                                started.elapsed().as_secs_f64(),
+                                failing.len()
+                            );
+                        }
                     }
                     (stats, failing)
                 })
