@@ -268,7 +268,7 @@ impl WorldState {
         self.settle(seq, Settle::Handled);
     }
 
-    /// A cursor was opened at `at`: a new source epoch; a loud history-lost restart turns
+    /// A cursor was opened at `at`; a loud history-lost restart (counter risen) turns
     /// the unsettled changes it skips into a reported gap.
     fn on_open(&mut self, at: &StartAt, head: u64, first: u64, result: &Result<(), SourceError>) {
         self.stats.opens += 1;
