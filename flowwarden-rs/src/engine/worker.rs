@@ -169,12 +169,15 @@ impl<H: StreamHandler> Worker<H> {
             if self.stop_requested() {
                 return self.exit(StreamExit::Stopped).await;
             }
+            // Taken before the open: a cursor opened at "now" or at the oldest entry moves the
+            // settled position to where it starts, and a later re-open must resume from there
+            // (not open at "now" again, which would skip what was committed meanwhile).
+            let before = self.progress.tracker.settled_seen().cloned();
             let cursor = match self.open(&spec, &mut plan).await {
                 Ok(cursor) => cursor,
                 Err(exit) => return self.exit(exit).await,
             };
             self.env.status.set_state(StreamState::Running);
-            let before = self.progress.tracker.settled_seen().cloned();
             let end = self.session(cursor).await;
             self.progress.tracker.abandon_unsettled();
             if let Some(now) = self.progress.tracker.settled_seen() {
@@ -269,14 +272,7 @@ impl<H: StreamHandler> Worker<H> {
                     debug!(stream = name, at = %candidate.at, "cursor opened");
                     if let Some(token) = cursor.initial_position() {
                         self.receive_idle(token);
-                        if candidate.kind == CandidateKind::Head {
-                            // A stream that starts at the head makes that start durable at
-                            // once: a crash before its first checkpoint must not restart it
-                            // at a later "now" and skip what arrived in between.
-                            if let Err(h) = self.progress.save().await {
-                                return Err(StreamExit::Halted(h));
-                            }
-                        }
+                        self.persist_start_position().await?;
                     }
                     return Ok(cursor);
                 }
@@ -289,6 +285,26 @@ impl<H: StreamHandler> Worker<H> {
                 },
             }
         }
+    }
+
+    /// A cursor opened at "now" or at the oldest entry starts at a position no checkpoint
+    /// records yet: write it before reading, so a crash before the first regular checkpoint
+    /// cannot restart at "now" again and skip what was committed meanwhile. A store that
+    /// refuses the write is retried with the restart backoff.
+    async fn persist_start_position(&mut self) -> Result<(), StreamExit> {
+        while self.progress.tracker.is_dirty() {
+            if let Err(h) = self.progress.save().await {
+                return Err(StreamExit::Halted(h));
+            }
+            if self.progress.tracker.is_dirty() {
+                let err = SourceError::new(
+                    SourceErrorKind::Resumable,
+                    "checkpoint store unavailable: the stream's start position could not be written",
+                );
+                self.backoff(&err).await?;
+            }
+        }
+        Ok(())
     }
 
     fn history_lost_at_candidate(&mut self, plan: &mut ResumePlan, e: &SourceError) {

@@ -210,7 +210,16 @@ impl MemoryCursor {
         }
         if let Some((gen, n)) = f.rewind {
             if self.generation < gen {
-                self.next_seq = self.next_seq.saturating_sub(n).max(1);
+                // Move back from the first event not yet delivered (scanned events waiting in
+                // `pending` were never seen by the reader: clearing them must not skip them).
+                let undelivered = self
+                    .pending
+                    .front()
+                    .and_then(|ev| ev.get_document("_id").ok())
+                    .and_then(|t| parse_token(&ResumeToken::from_document(t.clone())))
+                    .map(|p| p.seq)
+                    .unwrap_or(self.next_seq);
+                self.next_seq = undelivered.saturating_sub(n).max(1);
                 self.pending.clear();
                 self.closed = false;
                 self.generation = gen;
