@@ -1,1 +1,0 @@
-//! Shared support for the cross-crate tests.
