@@ -179,6 +179,27 @@ async fn crash_redelivers_the_in_flight_change(t: &Target) {
     }
 }
 
+scenario!(a_crash_before_the_first_checkpoint_does_not_skip_to_a_later_now);
+async fn a_crash_before_the_first_checkpoint_does_not_skip_to_a_later_now(t: &Target) {
+    // No regular checkpoint can be written before the crash: only the start position, which
+    // the runtime writes at once from the cursor's initial post-batch token.
+    let d = def("first-start", |d| {
+        d.checkpoint.save_every_n = 1_000;
+        d.checkpoint.save_interval_secs = 0;
+    });
+    let probe = Probe::new(|_| std::future::pending::<Result<(), HandlerError>>().boxed());
+    let rt = start(t, &probe, d).await;
+    t.insert_ids([1]).await;
+    wait_until("1 received", || probe.calls().len() == 1).await;
+    rt.handle().__crash().await;
+    t.insert_ids([2]).await;
+    let again = Probe::default();
+    let rt = start(t, &again, d).await;
+    wait_until("1 and 2 handled", || again.successes().len() == 2).await;
+    rt.shutdown().await;
+    assert_eq!(again.handled_keys(), ids(&[1, 2]));
+}
+
 async fn history_lost_run(
     t: &Target,
     policy: OnHistoryLost,
