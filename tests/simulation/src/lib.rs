@@ -14,6 +14,21 @@
 //! 4. no duplicate without a redelivery cause; a fault-free schedule handles each change once;
 //! 5. the state is truthful: history lost under `Fail` shows `HistoryLost`, never `Running`.
 //!
+//! About 30% of the seeds run 2–3 runtimes on the same backend, with the stream deployed as
+//! `SingleLeader`, under leader crashes, graceful stops, frozen renewals, partitions from the
+//! lease store and zombies (a leader stalled past its lease). They also check:
+//!
+//! 6. one writer per epoch, epochs only grow: an accepted checkpoint write carries the epoch of
+//!    the lease current at that instant, acquired by the runtime that wrote it; accepted epochs
+//!    never decrease;
+//! 7. the stored checkpoint never moves backwards (checked on every run);
+//! 8. no zombie writes: no checkpoint or dead-letter write of a runtime that no longer holds
+//!    the current lease is accepted;
+//! 9. one consumer at a time: a runtime begins processing an event only while it holds the
+//!    live lease;
+//! 10. liveness: a free lease is taken by a standby within `standby_poll_secs`; after the
+//!     drain exactly one instance leads and the others stand by.
+//!
 //! See `docs/testing/simulation.md`.
 
 mod rng;
@@ -26,7 +41,10 @@ use std::fmt;
 
 pub use rng::{mix, SplitMix64};
 pub use run::{run_schedule, run_seed, shrink};
-pub use schedule::{Behaviour, FilterKind, PipelineKind, Schedule, Settings, Step};
+pub use schedule::{
+    Behaviour, FilterKind, LeaderSettings, PipelineKind, Schedule, Settings, Step,
+    MULTI_INSTANCE_PCT,
+};
 pub use world::Item;
 
 /// The simulated stream's name.
@@ -40,6 +58,51 @@ pub struct SimOptions {
     /// Runs the runtime with the test-only switch that reintroduces the classic bug (a
     /// position counted as done on receipt). The simulation must then find violations.
     pub checkpoint_on_receipt: bool,
+    /// Breaks the harness's store wrappers on purpose, to prove the checkers of invariants
+    /// 6–10 (the runtime is untouched).
+    pub sabotage: Option<Sabotage>,
+}
+
+/// Harness-level sabotage: a broken store around a correct runtime. Each must make the
+/// simulation report violations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Sabotage {
+    /// The checkpoint and dead-letter wrappers strip owner and epoch before the store, so
+    /// writes are not fenced: a zombie's writes go through (invariants 6, 7, 8).
+    UnfencedWrites,
+    /// A write rejected as fenced is retried with the current lease's owner and epoch
+    /// forged in (two writers under one epoch: invariants 6 and 8).
+    ForgedEpoch,
+    /// Renewals of a frozen identity "succeed" without reaching the store: the leader keeps
+    /// consuming after its lease expired and another instance took over (invariant 9).
+    LyingRenewals,
+    /// Only the last holder may acquire the lease: nobody takes over (invariant 10).
+    NoTakeover,
+}
+
+impl Sabotage {
+    /// Every sabotage.
+    pub const ALL: [Sabotage; 4] = [
+        Sabotage::UnfencedWrites,
+        Sabotage::ForgedEpoch,
+        Sabotage::LyingRenewals,
+        Sabotage::NoTakeover,
+    ];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Sabotage::UnfencedWrites => "unfenced-writes",
+            Sabotage::ForgedEpoch => "forged-epoch",
+            Sabotage::LyingRenewals => "lying-renewals",
+            Sabotage::NoTakeover => "no-takeover",
+        }
+    }
+
+    /// Parses a command-line name.
+    pub fn parse(name: &str) -> Option<Sabotage> {
+        Sabotage::ALL.into_iter().find(|s| s.name() == name)
+    }
 }
 
 /// The invariants the harness checks.
@@ -55,6 +118,18 @@ pub enum Invariant {
     DuplicateWithoutFault,
     /// 5: the reported state is truthful.
     TruthfulState,
+    /// 6: an accepted checkpoint carries the current lease's epoch, acquired by its writer;
+    /// accepted epochs (and lease epochs) only grow.
+    OneWriterPerEpoch,
+    /// 7: the stored checkpoint never moves backwards.
+    CheckpointMovesBackwards,
+    /// 8: no write of a deposed leader (checkpoint or dead letter) is accepted.
+    ZombieWrite,
+    /// 9: a runtime begins processing an event only while it holds the live lease.
+    OneConsumer,
+    /// 10: a free lease is taken by a standby within the poll period; after the drain one
+    /// instance leads and the others stand by.
+    Liveness,
 }
 
 impl Invariant {
@@ -66,6 +141,11 @@ impl Invariant {
             Invariant::PerKeyOrder => 3,
             Invariant::DuplicateWithoutFault => 4,
             Invariant::TruthfulState => 5,
+            Invariant::OneWriterPerEpoch => 6,
+            Invariant::CheckpointMovesBackwards => 7,
+            Invariant::ZombieWrite => 8,
+            Invariant::OneConsumer => 9,
+            Invariant::Liveness => 10,
         }
     }
 }
@@ -78,6 +158,11 @@ impl fmt::Display for Invariant {
             Invariant::PerKeyOrder => "per-key source order",
             Invariant::DuplicateWithoutFault => "no duplicate beyond redelivery",
             Invariant::TruthfulState => "truthful state",
+            Invariant::OneWriterPerEpoch => "one writer per epoch, epochs only grow",
+            Invariant::CheckpointMovesBackwards => "the stored checkpoint never moves backwards",
+            Invariant::ZombieWrite => "no zombie writes",
+            Invariant::OneConsumer => "one consumer at a time",
+            Invariant::Liveness => "liveness: takeover and one leader after the drain",
         };
         write!(f, "invariant {} ({name})", self.number())
     }
@@ -141,6 +226,22 @@ pub struct Stats {
     pub violations: u64,
     /// Virtual time simulated, in ms.
     pub virtual_ms: u64,
+    /// Multi-instance (`SingleLeader`) schedules run.
+    pub multi_instance_seeds: u64,
+    /// Lease acquisitions.
+    pub lease_acquisitions: u64,
+    /// Acquisitions by another identity than the previous holder.
+    pub takeovers: u64,
+    /// Checkpoint writes rejected as fenced.
+    pub fenced_checkpoint_writes: u64,
+    /// Dead-letter writes rejected as fenced.
+    pub fenced_dead_letter_writes: u64,
+    /// Stalled handlers that woke after their runtime had lost the lease.
+    pub zombie_wakeups: u64,
+    /// Zombie runtimes that had a write rejected as fenced.
+    pub zombies_fenced: u64,
+    /// Violations found, by invariant number (the first 20 of a run are kept in detail).
+    pub violations_by_invariant: BTreeMap<u8, u64>,
 }
 
 impl Stats {
@@ -166,6 +267,16 @@ impl Stats {
         }
         self.violations += other.violations;
         self.virtual_ms += other.virtual_ms;
+        self.multi_instance_seeds += other.multi_instance_seeds;
+        self.lease_acquisitions += other.lease_acquisitions;
+        self.takeovers += other.takeovers;
+        self.fenced_checkpoint_writes += other.fenced_checkpoint_writes;
+        self.fenced_dead_letter_writes += other.fenced_dead_letter_writes;
+        self.zombie_wakeups += other.zombie_wakeups;
+        self.zombies_fenced += other.zombies_fenced;
+        for (k, v) in &other.violations_by_invariant {
+            *self.violations_by_invariant.entry(*k).or_default() += v;
+        }
     }
 }
 
@@ -173,8 +284,8 @@ impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "seeds run:            {} ({} fault-free)",
-            self.seeds, self.fault_free_seeds
+            "seeds run:            {} ({} fault-free, {} multi-instance)",
+            self.seeds, self.fault_free_seeds, self.multi_instance_seeds
         )?;
         writeln!(f, "changes committed:    {}", self.changes)?;
         let total: u64 = self.faults.values().sum();
@@ -200,6 +311,23 @@ impl fmt::Display for Stats {
             self.runtimes, self.opens
         )?;
         writeln!(f, "reported gaps:        {}", self.gaps)?;
+        if self.multi_instance_seeds > 0 {
+            writeln!(
+                f,
+                "leases:               {} acquisitions, {} takeovers",
+                self.lease_acquisitions, self.takeovers
+            )?;
+            writeln!(
+                f,
+                "fenced writes:        {} checkpoints, {} dead letters rejected",
+                self.fenced_checkpoint_writes, self.fenced_dead_letter_writes
+            )?;
+            writeln!(
+                f,
+                "zombies:              {} woke deposed, {} runtimes fenced",
+                self.zombie_wakeups, self.zombies_fenced
+            )?;
+        }
         if !self.halts.is_empty() {
             let h: Vec<String> = self
                 .halts
@@ -213,7 +341,16 @@ impl fmt::Display for Stats {
             "virtual time:         {:.1} h",
             self.virtual_ms as f64 / 3_600_000.0
         )?;
-        write!(f, "violations:           {}", self.violations)
+        write!(f, "violations:           {}", self.violations)?;
+        if !self.violations_by_invariant.is_empty() {
+            let v: Vec<String> = self
+                .violations_by_invariant
+                .iter()
+                .map(|(k, v)| format!("#{k}: {v}"))
+                .collect();
+            write!(f, " (by invariant: {})", v.join(", "))?;
+        }
+        Ok(())
     }
 }
 

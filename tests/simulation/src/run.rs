@@ -7,13 +7,16 @@ use std::time::Duration;
 
 use bson::{doc, Bson};
 use flowwarden::{
-    AnyStream, Backend, HaltReason, MemoryBackend, OnHistoryLost, RestartConfig, RetryConfig,
-    Runtime, StreamDefinition, StreamState, StreamStatus,
+    AnyStream, Backend, Deployment, HaltReason, LeaseConfig, LeaseStore, MemoryBackend,
+    OnHistoryLost, RestartConfig, RetryConfig, Runtime, StreamDefinition, StreamState,
+    StreamStatus,
 };
 
-use crate::schedule::{Schedule, Settings, Step};
+use crate::rng::mix;
+use crate::schedule::{LeaderSettings, Schedule, Settings, Step};
 use crate::world::{
-    self, token_seq, Op, RecCheckpoints, RecDeadLetters, RecSource, SimHandler, World,
+    self, token_seq, Incarnation, Op, RecCheckpoints, RecDeadLetters, RecLeases, RecSource,
+    SimHandler, World,
 };
 use crate::{Invariant, SeedOutcome, SimError, SimOptions, COLLECTION, STREAM};
 
@@ -115,7 +118,17 @@ fn definition(s: &Settings) -> &'static StreamDefinition {
         initial_delay_ms: s.restart_delay_ms,
         max_delay_ms: 5_000,
     };
-    let key = format!("{:?}{:?}{:?}", d.checkpoint, d.retry, d.restart);
+    if let Some(l) = s.leader {
+        d.deployment = Deployment::SingleLeader(LeaseConfig {
+            lease_secs: l.lease_secs,
+            renew_secs: l.renew_secs,
+            standby_poll_secs: l.poll_secs,
+        });
+    }
+    let key = format!(
+        "{:?}{:?}{:?}{:?}",
+        d.checkpoint, d.retry, d.restart, d.deployment
+    );
     DEFINITIONS.with(|m| {
         *m.borrow_mut()
             .entry(key)
@@ -123,15 +136,25 @@ fn definition(s: &Settings) -> &'static StreamDefinition {
     })
 }
 
+/// One place for a runtime: a single-instance run has one slot; a multi-instance run has one
+/// per instance, each with its identity (a new one when restarted "with a new identity").
+struct Slot {
+    id: String,
+    generation: u32,
+    runtime: Option<Runtime>,
+    /// The incarnation of its current (or last) runtime.
+    inc: u32,
+}
+
 struct Sim<'a> {
     schedule: &'a Schedule,
     opts: SimOptions,
     world: Arc<World>,
     memory: MemoryBackend,
-    backend: Backend,
     def: &'static StreamDefinition,
-    runtime: Option<Runtime>,
-    last_status: Option<StreamStatus>,
+    leader: Option<LeaderSettings>,
+    slots: Vec<Slot>,
+    next_inc: u32,
 }
 
 async fn simulate(schedule: &Schedule, opts: SimOptions) -> Result<SeedOutcome, SimError> {
@@ -141,43 +164,43 @@ async fn simulate(schedule: &Schedule, opts: SimOptions) -> Result<SeedOutcome, 
         let _ = coll.insert_one(doc! {"_id": *k, "n": 0i64, "status": "NEW"});
     }
     let world = World::new(schedule.seed, schedule.settings.clone());
-    let backend = Backend {
-        source: Arc::new(RecSource {
-            world: world.clone(),
-            memory: memory.clone(),
-        }),
-        checkpoints: Arc::new(RecCheckpoints {
-            world: world.clone(),
-            memory: memory.clone(),
-        }),
-        dead_letters: Some(Arc::new(RecDeadLetters {
-            world: world.clone(),
-            memory: memory.clone(),
-        })),
-        // One instance per schedule: no leader election is simulated yet.
-        leases: None,
-        default_database: memory.default_database(),
-    };
+    let leader = schedule.settings.leader;
+    let slots = (0..leader.map(|l| l.instances).unwrap_or(1))
+        .map(|i| Slot {
+            id: if leader.is_some() {
+                format!("i{i}")
+            } else {
+                String::new()
+            },
+            generation: 0,
+            runtime: None,
+            inc: 0,
+        })
+        .collect();
     let mut sim = Sim {
         schedule,
         opts,
         world: world.clone(),
         memory,
-        backend,
         def: definition(&schedule.settings),
-        runtime: None,
-        last_status: None,
+        leader,
+        slots,
+        next_inc: 1,
     };
     {
         let mut w = world.lock();
+        w.sabotage = opts.sabotage;
         w.stats.seeds = 1;
         w.stats.fault_free_seeds = u64::from(schedule.is_fault_free());
+        w.stats.multi_instance_seeds = u64::from(leader.is_some());
         w.log(format!(
             "seed {} settings {:?}",
             schedule.seed, schedule.settings
         ));
     }
-    sim.start().await?;
+    for i in 0..sim.slots.len() {
+        sim.start(i).await?;
+    }
     let t0 = tokio::time::Instant::now();
     while world.lock().start_seq.is_none() {
         if t0.elapsed() > Duration::from_secs(60) {
@@ -197,41 +220,106 @@ impl Sim<'_> {
         self.world.lock().log(msg);
     }
 
-    async fn start(&mut self) -> Result<(), SimError> {
+    fn poll(&self) -> Duration {
+        Duration::from_secs(self.leader.map(|l| l.poll_secs).unwrap_or(0))
+    }
+
+    /// The source and stores of one runtime, wrapped so that each write names its runtime.
+    fn backend_for(&self, inc: u32) -> Backend {
+        let (world, memory) = (self.world.clone(), self.memory.clone());
+        Backend {
+            source: Arc::new(RecSource {
+                world: world.clone(),
+                memory: memory.clone(),
+                inc,
+            }),
+            checkpoints: Arc::new(RecCheckpoints {
+                world: world.clone(),
+                memory: memory.clone(),
+                inc,
+            }),
+            dead_letters: Some(Arc::new(RecDeadLetters {
+                world: world.clone(),
+                memory: memory.clone(),
+                inc,
+            })),
+            // Single-instance runs have no lease store (the stream is `AllInstances`).
+            leases: self.leader.map(|_| {
+                Arc::new(RecLeases {
+                    world,
+                    memory: memory.clone(),
+                    inc,
+                }) as Arc<dyn LeaseStore>
+            }),
+            default_database: memory.default_database(),
+        }
+    }
+
+    /// Starts a runtime in slot `i`.
+    async fn start(&mut self, i: usize) -> Result<(), SimError> {
         let s = &self.schedule.settings;
+        let inc = self.next_inc;
+        self.next_inc += 1;
+        let id = self.slots[i].id.clone();
+        let multi = self.leader.is_some();
+        let tag = if multi {
+            format!("[{id} #{inc}] ")
+        } else {
+            String::new()
+        };
+        self.world.lock().incs.insert(
+            inc,
+            Incarnation {
+                id: id.clone(),
+                tag: tag.clone(),
+                ended: None,
+            },
+        );
         let handler = SimHandler {
             world: self.world.clone(),
+            inc,
         };
-        let rt = flowwarden::builder()
+        let mut builder = flowwarden::builder()
             .discover(false)
             .any_stream(AnyStream::with_definition(handler, self.def))
-            .backend(self.backend.clone())
-            .seed(self.schedule.seed)
+            .backend(self.backend_for(inc))
+            .seed(if multi {
+                self.schedule.seed ^ mix(u64::from(inc))
+            } else {
+                self.schedule.seed
+            })
             .max_await(Duration::from_millis(s.max_await_ms))
             .batch_size(s.batch_size)
             .shutdown_timeout(Duration::from_millis(s.shutdown_timeout_ms))
             .dead_letter_write_attempts(s.dead_letter_write_attempts)
-            .__checkpoint_on_receipt(self.opts.checkpoint_on_receipt)
-            .start()
-            .await?;
+            .__checkpoint_on_receipt(self.opts.checkpoint_on_receipt);
+        if multi {
+            builder = builder.instance_id(id);
+        }
+        let rt = builder.start().await?;
         {
             let mut w = self.world.lock();
-            w.handle = Some(rt.handle());
+            w.handles.insert(inc, rt.handle());
             w.stats.runtimes += 1;
-            w.log("runtime started");
+            w.log(format!("{tag}runtime started"));
         }
-        self.runtime = Some(rt);
+        self.slots[i].runtime = Some(rt);
+        self.slots[i].inc = inc;
         Ok(())
     }
 
     /// Accounts for a runtime that ended (crash or shutdown) and checks invariant 5 on it.
-    fn ended(&mut self, how: &str, status: Option<StreamStatus>) {
+    fn ended(&mut self, inc: u32, how: &str, status: Option<StreamStatus>) {
         let mut w = self.world.lock();
-        w.handle = None;
+        w.handles.remove(&inc);
+        if let Some(i) = w.incs.get_mut(&inc) {
+            i.ended = Some(tokio::time::Instant::now());
+        }
+        let tag = w.tag(inc);
         let Some(st) = status else { return };
         let c = &st.counters;
         w.log(format!(
-            "runtime ended ({how}): state {:?}, halt {:?}, received {} handled {} filtered {} unrouted {} retried {} dead-lettered {} redelivered {} restarts {} history_lost {} checkpoints {} (failed {})",
+            "{tag}runtime ended ({how}): state {:?}, halt {:?}, received {} handled {} filtered {} unrouted {} retried {} dead-lettered {} redelivered {} restarts {} history_lost {} checkpoints {} (failed {})",
             st.state,
             st.halt.as_ref().map(|h| format!("{:?}: {}", h.reason, h.message)),
             c.received, c.handled, c.filtered, c.unrouted, c.retried, c.dead_lettered, c.redelivered, c.restarts, c.history_lost, c.checkpoints_saved, c.checkpoint_failures
@@ -258,27 +346,63 @@ impl Sim<'_> {
                 "on_history_lost = Fail, yet a history-lost gap was accepted".into(),
             );
         }
-        drop(w);
-        self.last_status = Some(st);
     }
 
-    async fn crash(&mut self) {
-        if let Some(rt) = self.runtime.take() {
+    async fn crash(&mut self, i: usize) {
+        if let Some(rt) = self.slots[i].runtime.take() {
             let h = rt.handle();
             h.__crash().await;
             let st = h.status(STREAM);
             drop(rt);
-            self.ended("crash", st);
+            self.ended(self.slots[i].inc, "crash", st);
         }
     }
 
-    async fn shutdown(&mut self) {
-        if let Some(rt) = self.runtime.take() {
+    async fn shutdown(&mut self, i: usize) {
+        if let Some(rt) = self.slots[i].runtime.take() {
             let h = rt.handle();
             rt.shutdown().await;
             let st = h.status(STREAM);
-            self.ended("graceful shutdown", st);
+            self.ended(self.slots[i].inc, "graceful shutdown", st);
         }
+    }
+
+    fn status(&self, i: usize) -> Option<StreamStatus> {
+        self.slots[i]
+            .runtime
+            .as_ref()
+            .and_then(|rt| rt.handle().status(STREAM))
+    }
+
+    /// The slot whose running runtime acquired the stream's current lease (live or not).
+    fn leader_slot(&self) -> Option<usize> {
+        let holder = self.world.lock().lease.as_ref().map(|l| l.inc)?;
+        self.slots
+            .iter()
+            .position(|s| s.runtime.is_some() && s.inc == holder)
+    }
+
+    /// Runtimes (other than slot `except`) standing by now.
+    fn standbys(&self, except: Option<usize>) -> Vec<u32> {
+        (0..self.slots.len())
+            .filter(|i| Some(*i) != except)
+            .filter(|i| {
+                self.status(*i)
+                    .is_some_and(|s| s.state == StreamState::Standby)
+            })
+            .map(|i| self.slots[i].inc)
+            .collect()
+    }
+
+    /// Expects a takeover after `what` happened to the leader in slot `i` (runtime `inc`),
+    /// unless another runtime already holds the lease.
+    fn expect_takeover(&self, what: &str, inc: u32, standbys: Vec<u32>) {
+        let mut w = self.world.lock();
+        if w.lease.as_ref().is_some_and(|l| l.inc != inc) {
+            w.log(format!("{what}: the lease is already with another runtime"));
+            return;
+        }
+        w.expect_takeover(what.to_owned(), standbys, self.poll());
     }
 
     fn write(&self, step: &Step) {
@@ -338,9 +462,14 @@ impl Sim<'_> {
     }
 
     async fn step(&mut self, step: &Step) -> Result<(), SimError> {
-        if let Some(kind) = step.fault_kind() {
+        {
             let mut w = self.world.lock();
-            *w.stats.faults.entry(kind).or_default() += 1;
+            if w.settings.leader.is_some() {
+                w.check_takeovers();
+            }
+            if let Some(kind) = step.fault_kind() {
+                *w.stats.faults.entry(kind).or_default() += 1;
+            }
         }
         let f = self.memory.faults();
         let ms = Duration::from_millis;
@@ -382,15 +511,114 @@ impl Sim<'_> {
                 flowwarden::SourceErrorKind::Resumable,
                 "injected open failure",
             ),
-            Step::Crash => self.crash().await,
-            Step::Restart if self.runtime.is_none() => self.start().await?,
+            Step::Crash => self.crash(0).await,
+            Step::Restart if self.slots[0].runtime.is_none() => self.start(0).await?,
             Step::GracefulRestart => {
-                self.shutdown().await;
-                self.start().await?;
+                self.shutdown(0).await;
+                self.start(0).await?;
             }
+            Step::CrashLeader => match self.leader_slot() {
+                Some(i) => {
+                    let standbys = self.standbys(Some(i));
+                    let inc = self.slots[i].inc;
+                    self.crash(i).await;
+                    self.expect_takeover("crash of the leader", inc, standbys);
+                }
+                None => self.log("no running leader to crash"),
+            },
+            Step::CrashStandby => {
+                let leader = self.leader_slot();
+                let target = (0..self.slots.len())
+                    .find(|i| Some(*i) != leader && self.slots[*i].runtime.is_some());
+                match target {
+                    Some(i) => self.crash(i).await,
+                    None => self.log("no standby to crash"),
+                }
+            }
+            Step::StartInstance { new_identity } => {
+                match (0..self.slots.len()).find(|i| self.slots[*i].runtime.is_none()) {
+                    Some(i) => {
+                        if *new_identity {
+                            let slot = &mut self.slots[i];
+                            slot.generation += 1;
+                            slot.id = format!("i{i}g{}", slot.generation);
+                        }
+                        self.start(i).await?;
+                    }
+                    None => self.log("every instance is up"),
+                }
+            }
+            Step::StopInstance { leader } | Step::RestartInstance { leader } => {
+                let holder = self.leader_slot();
+                let target = if *leader {
+                    holder
+                } else {
+                    (0..self.slots.len())
+                        .find(|i| Some(*i) != holder && self.slots[*i].runtime.is_some())
+                };
+                match target {
+                    Some(i) => {
+                        let standbys = self.standbys(Some(i));
+                        let inc = self.slots[i].inc;
+                        self.shutdown(i).await;
+                        if matches!(step, Step::RestartInstance { .. }) {
+                            self.start(i).await?;
+                        }
+                        if Some(i) == holder {
+                            self.expect_takeover("graceful stop of the leader", inc, standbys);
+                        }
+                    }
+                    None => self.log("no such instance"),
+                }
+            }
+            Step::FreezeLeader { cut_off } => match self.leader_slot() {
+                Some(i) => {
+                    let id = self.slots[i].id.clone();
+                    let standbys = self.standbys(Some(i));
+                    f.freeze_lease_renewals(&id);
+                    {
+                        let mut w = self.world.lock();
+                        w.frozen.insert(id.clone());
+                        if *cut_off {
+                            w.cut_off.insert(id.clone());
+                        }
+                    }
+                    let what = format!("renewals of {id} frozen");
+                    self.expect_takeover(&what, self.slots[i].inc, standbys);
+                }
+                None => self.log("no running leader to freeze"),
+            },
+            Step::ThawAll => self.thaw_all(),
+            Step::Zombie { stall_ms } => match self.leader_slot() {
+                Some(i) => {
+                    let id = self.slots[i].id.clone();
+                    let inc = self.slots[i].inc;
+                    let standbys = self.standbys(Some(i));
+                    f.freeze_lease_renewals(&id);
+                    {
+                        let mut w = self.world.lock();
+                        w.frozen.insert(id.clone());
+                        w.stall_until
+                            .insert(inc, tokio::time::Instant::now() + ms(*stall_ms));
+                        w.zombies.entry(inc).or_insert(false);
+                    }
+                    let what = format!("zombie {id}");
+                    self.expect_takeover(&what, inc, standbys);
+                }
+                None => self.log("no running leader to stall"),
+            },
             _ => {}
         }
         Ok(())
+    }
+
+    fn thaw_all(&self) {
+        let f = self.memory.faults();
+        let mut w = self.world.lock();
+        for id in std::mem::take(&mut w.frozen) {
+            f.thaw_lease_renewals(&id);
+        }
+        w.cut_off.clear();
     }
 
     /// Whether every checked change up to the head is accounted for.
@@ -401,40 +629,83 @@ impl Sim<'_> {
         done
     }
 
-    /// No more faults: wait until the stream caught up or halted; an operator restarts a
-    /// stream halted for a transient reason (store or source unavailable) up to 12 times.
+    /// Multi-instance: exactly one runtime is `Running` holding the live lease; every other
+    /// runtime that is up stands by.
+    fn leadership_settled(&self) -> bool {
+        let w = self.world.lock();
+        let mut leaders = 0;
+        for (i, slot) in self.slots.iter().enumerate() {
+            if slot.runtime.is_none() {
+                continue;
+            }
+            match self.status(i).map(|s| s.state) {
+                Some(StreamState::Running) if w.leads(slot.inc) => leaders += 1,
+                Some(StreamState::Standby) => {}
+                _ => return false,
+            }
+        }
+        leaders == 1
+    }
+
+    /// A stream task that ended halted (not a standby with the note of an earlier fencing).
+    fn ended_halted(status: &StreamStatus) -> Option<HaltReason> {
+        let h = status.halt.as_ref()?;
+        matches!(
+            status.state,
+            StreamState::Stopped | StreamState::HistoryLost
+        )
+        .then_some(h.reason)
+    }
+
+    /// No more faults: wait until the stream caught up (and, with several instances, one
+    /// leads and the others stand by) or halted loudly; an operator restarts a runtime whose
+    /// stream halted for a transient reason (store or source unavailable), up to 12 times.
     async fn drain(&mut self) -> Result<(), SimError> {
         self.log("drain: no more faults");
         let f = self.memory.faults();
         f.set_read_delay(None);
         f.set_checkpoint_save_delay(None);
-        if self.runtime.is_none() {
-            self.start().await?;
+        if self.leader.is_some() {
+            self.thaw_all();
+            // The operator brings every instance back.
+            for i in 0..self.slots.len() {
+                if self.slots[i].runtime.is_none() {
+                    self.start(i).await?;
+                }
+            }
+        } else if self.slots[0].runtime.is_none() {
+            self.start(0).await?;
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(900);
         let mut operator_restarts = 0;
-        loop {
-            if self.caught_up() {
+        'drain: loop {
+            let multi = self.leader.is_some();
+            if multi {
+                self.world.lock().check_takeovers();
+            }
+            if self.caught_up() && (!multi || self.leadership_settled()) {
                 break;
             }
-            let status = self
-                .runtime
-                .as_ref()
-                .and_then(|rt| rt.handle().status(STREAM));
-            if let Some(h) = status.as_ref().and_then(|s| s.halt.as_ref()) {
-                match h.reason {
-                    HaltReason::HistoryLost | HaltReason::Invalidated => break,
+            for i in 0..self.slots.len() {
+                let Some(status) = self.status(i) else {
+                    continue;
+                };
+                let Some(reason) = Self::ended_halted(&status) else {
+                    continue;
+                };
+                match reason {
+                    HaltReason::HistoryLost | HaltReason::Invalidated => break 'drain,
                     _ if operator_restarts < 12 => {
                         operator_restarts += 1;
+                        let tag = self.world.lock().tag(self.slots[i].inc);
                         self.log(format!(
-                            "drain: operator restarts the stream halted by {:?}",
-                            h.reason
+                            "{tag}drain: operator restarts the stream halted by {reason:?}"
                         ));
-                        self.shutdown().await;
-                        self.start().await?;
-                        continue;
+                        self.shutdown(i).await;
+                        self.start(i).await?;
+                        continue 'drain;
                     }
-                    _ => break,
+                    _ => break 'drain,
                 }
             }
             if tokio::time::Instant::now() >= deadline {
@@ -446,13 +717,65 @@ impl Sim<'_> {
         Ok(())
     }
 
-    /// Graceful shutdown, then invariants 1, 4 and 5 over the whole run.
+    /// Graceful shutdown, then invariants 1, 4, 5 and 10 over the whole run.
     async fn finish(mut self) -> SeedOutcome {
-        let final_status = self
-            .runtime
-            .as_ref()
-            .and_then(|rt| rt.handle().status(STREAM));
-        self.shutdown().await;
+        let statuses: Vec<(usize, StreamStatus)> = (0..self.slots.len())
+            .filter_map(|i| self.status(i).map(|s| (i, s)))
+            .collect();
+        let loud_status = statuses.iter().find(|(_, s)| {
+            matches!(
+                Self::ended_halted(s),
+                Some(HaltReason::HistoryLost | HaltReason::Invalidated)
+            )
+        });
+        let leader = self.leader_slot();
+        // The status invariants 1 and 5 judge: the one runtime of a single-instance run; with
+        // several, a loud halt if any, else the leader's.
+        let final_status = loud_status
+            .or_else(|| statuses.iter().find(|(i, _)| Some(*i) == leader))
+            .or(statuses.first())
+            .map(|(_, s)| s.clone());
+        if self.leader.is_some() {
+            let mut w = self.world.lock();
+            w.check_takeovers();
+            drop(w);
+            // Invariant 10: after the drain, one leader and standbys (unless halted loudly).
+            if loud_status.is_none() && !self.leadership_settled() {
+                let states: Vec<String> = statuses
+                    .iter()
+                    .map(|(i, s)| {
+                        format!(
+                            "{} #{}: {:?}{}",
+                            self.slots[*i].id,
+                            self.slots[*i].inc,
+                            s.state,
+                            s.halt
+                                .as_ref()
+                                .map(|h| format!(" (halt {:?})", h.reason))
+                                .unwrap_or_default()
+                        )
+                    })
+                    .collect();
+                let mut w = self.world.lock();
+                let lease = w
+                    .lease
+                    .as_ref()
+                    .map(|l| format!("held by runtime #{} epoch {}", l.inc, l.epoch))
+                    .unwrap_or_else(|| "never taken".into());
+                w.violate(
+                    Invariant::Liveness,
+                    format!("after the drain no single instance leads with the others standing by: {states:?}; lease {lease}"),
+                );
+            }
+        }
+        // Standbys first, so the leader's release does not start a last takeover.
+        let mut order: Vec<usize> = (0..self.slots.len())
+            .filter(|i| Some(*i) != leader)
+            .collect();
+        order.extend(leader);
+        for i in order {
+            self.shutdown(i).await;
+        }
         let head = self.memory.oplog_head();
         let first = self.memory.oplog_first_retained();
         let stored = self.memory.checkpoint_document(STREAM);

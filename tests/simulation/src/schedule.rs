@@ -7,7 +7,7 @@ use std::fmt;
 
 use flowwarden::{OnHistoryLost, ResumeStrategy};
 
-use crate::rng::SplitMix64;
+use crate::rng::{mix, SplitMix64};
 
 /// The server-side pipeline of the simulated stream (evaluated by the in-memory backend).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +54,20 @@ pub struct Behaviour {
     pub dead_letter_permanent_at_once: bool,
 }
 
+/// The `SingleLeader` deployment of a multi-instance schedule: how many runtimes share the
+/// backend, and the stream's lease timing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaderSettings {
+    /// Runtimes started at the beginning (2 or 3), each with its own identity.
+    pub instances: usize,
+    /// `lease_secs`.
+    pub lease_secs: u64,
+    /// `renew_secs` (at most a third of the lease).
+    pub renew_secs: u64,
+    /// `standby_poll_secs`.
+    pub poll_secs: u64,
+}
+
 /// Stream and runtime settings of one schedule.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
@@ -91,6 +105,9 @@ pub struct Settings {
     pub filter: FilterKind,
     /// Handler behaviour.
     pub behaviour: Behaviour,
+    /// `Some`: a multi-instance schedule (`deployment = SingleLeader`); `None`: one runtime
+    /// at a time (`AllInstances`, no identity).
+    pub leader: Option<LeaderSettings>,
 }
 
 /// One step of a schedule.
@@ -161,6 +178,45 @@ pub enum Step {
     Restart,
     /// Graceful shutdown, then a new runtime.
     GracefulRestart,
+    /// Multi-instance: crash the runtime of the current lease holder (nothing flushed, the
+    /// lease is not released: it expires).
+    CrashLeader,
+    /// Multi-instance: crash a runtime that is not the lease holder.
+    CrashStandby,
+    /// Multi-instance: start a runtime in the first slot that is down, with the slot's
+    /// identity or a new one.
+    StartInstance {
+        /// A new identity (the old one's lease, if live, must expire first).
+        new_identity: bool,
+    },
+    /// Multi-instance: graceful shutdown of the lease holder (`leader`) or of a standby; the
+    /// slot stays down until a later `StartInstance`.
+    StopInstance {
+        /// The lease holder, else a standby.
+        leader: bool,
+    },
+    /// Multi-instance: graceful shutdown of the lease holder or of a standby, then a new
+    /// runtime with the same identity.
+    RestartInstance {
+        /// The lease holder, else a standby.
+        leader: bool,
+    },
+    /// Multi-instance: the lease holder's renewals fail (`freeze_lease_renewals`); it must
+    /// stop before its lease expires. `cut_off`: its acquisitions fail too (a partition,
+    /// injected by the harness's lease-store wrapper), so another instance takes over.
+    FreezeLeader {
+        /// Acquisitions fail too.
+        cut_off: bool,
+    },
+    /// Multi-instance: every frozen or cut-off identity can reach the lease store again.
+    ThawAll,
+    /// Multi-instance: the lease holder's renewals are frozen and its handler stalls (its
+    /// in-flight invocation, else its next one) for `stall_ms`: past its lease, a standby
+    /// takes over; when the zombie wakes, its writes must be rejected.
+    Zombie {
+        /// How long the handler stalls.
+        stall_ms: u64,
+    },
 }
 
 impl Step {
@@ -175,6 +231,9 @@ impl Step {
                 | Step::Drop
                 | Step::Advance(_)
                 | Step::GracefulRestart
+                | Step::StartInstance { .. }
+                | Step::StopInstance { .. }
+                | Step::RestartInstance { .. }
         )
     }
 
@@ -193,6 +252,12 @@ impl Step {
             Step::OpenFailures(_) => "open_failures",
             Step::Crash => "crash",
             Step::Restart => "restart",
+            Step::CrashLeader => "crash_leader",
+            Step::CrashStandby => "crash_standby",
+            Step::FreezeLeader { cut_off: false } => "freeze_leader_renewals",
+            Step::FreezeLeader { cut_off: true } => "cut_off_leader",
+            Step::ThawAll => "thaw",
+            Step::Zombie { .. } => "zombie",
             _ => return None,
         })
     }
@@ -242,6 +307,33 @@ impl fmt::Display for Step {
             Step::Crash => f.write_str("CRASH"),
             Step::Restart => f.write_str("RESTART"),
             Step::GracefulRestart => f.write_str("graceful restart"),
+            Step::CrashLeader => f.write_str("CRASH the leader"),
+            Step::CrashStandby => f.write_str("CRASH a standby"),
+            Step::StartInstance { new_identity } => write!(
+                f,
+                "start an instance{}",
+                if *new_identity { " (new identity)" } else { "" }
+            ),
+            Step::StopInstance { leader } => write!(
+                f,
+                "graceful stop of {}",
+                if *leader { "the leader" } else { "a standby" }
+            ),
+            Step::RestartInstance { leader } => write!(
+                f,
+                "graceful restart of {}",
+                if *leader { "the leader" } else { "a standby" }
+            ),
+            Step::FreezeLeader { cut_off } => write!(
+                f,
+                "FAULT freeze the leader's lease renewals{}",
+                if *cut_off { " and cut it off" } else { "" }
+            ),
+            Step::ThawAll => f.write_str("FAULT thaw every frozen identity"),
+            Step::Zombie { stall_ms } => write!(
+                f,
+                "FAULT zombie: the leader's renewals freeze and its handler stalls {stall_ms}ms"
+            ),
         }
     }
 }
@@ -260,6 +352,39 @@ pub struct Schedule {
 }
 
 const STATUSES: [&str; 5] = ["NEW", "PAID", "SHIPPED", "hidden", "quiet"];
+
+/// Percent of seeds that generate a multi-instance schedule.
+pub const MULTI_INSTANCE_PCT: u64 = 30;
+
+/// One write over `keys` keys: an insert of an absent key, else an update, a replace or a
+/// delete (the order of draws is part of every seed's schedule: do not change it).
+fn write_step(r: &mut SplitMix64, keys: i32, present: &mut [bool], n: i64) -> Step {
+    let key = r.below(keys as u64) as i32;
+    let bad = r.chance(5);
+    if present[key as usize] {
+        match r.below(4) {
+            0 | 1 => Step::Update { key, n },
+            2 => Step::Replace {
+                key,
+                n,
+                status: r.pick(&STATUSES),
+                bad,
+            },
+            _ => {
+                present[key as usize] = false;
+                Step::Delete { key }
+            }
+        }
+    } else {
+        present[key as usize] = true;
+        Step::Insert {
+            key,
+            n,
+            status: r.pick(&STATUSES),
+            bad,
+        }
+    }
+}
 
 impl Schedule {
     /// The schedule of `seed`.
@@ -316,10 +441,18 @@ impl Schedule {
             pipeline,
             filter,
             behaviour,
+            leader: None,
         };
 
         let mut present: Vec<bool> = (0..keys).map(|_| r.chance(60)).collect();
         let initial_keys = (0..keys).filter(|k| present[*k as usize]).collect();
+
+        // Multi-instance or not is drawn from a side generator, so the single-instance
+        // schedules are exactly the ones of the seeds before multi-instance runs existed.
+        let mut side = SplitMix64::new(mix(seed ^ 0x6C65_6164_6572_7321));
+        if side.chance(MULTI_INSTANCE_PCT) {
+            return Self::generate_multi(seed, r, side, settings, present, initial_keys);
+        }
 
         let fault_free = r.chance(15);
         let fault_pct = r.range(8, 30);
@@ -327,35 +460,8 @@ impl Schedule {
         let mut steps = Vec::new();
         let mut down_for: Option<u64> = None;
         let mut dead_letter_failures = 0u32;
-        let status = |r: &mut SplitMix64| r.pick(&STATUSES);
         for i in 0..writes {
-            let n = i as i64 + 1;
-            let key = r.below(keys as u64) as i32;
-            let bad = r.chance(5);
-            let step = if present[key as usize] {
-                match r.below(4) {
-                    0 | 1 => Step::Update { key, n },
-                    2 => Step::Replace {
-                        key,
-                        n,
-                        status: status(&mut r),
-                        bad,
-                    },
-                    _ => {
-                        present[key as usize] = false;
-                        Step::Delete { key }
-                    }
-                }
-            } else {
-                present[key as usize] = true;
-                Step::Insert {
-                    key,
-                    n,
-                    status: status(&mut r),
-                    bad,
-                }
-            };
-            steps.push(step);
+            steps.push(write_step(&mut r, keys, &mut present, i as i64 + 1));
             if r.chance(50) {
                 steps.push(Step::Advance(r.pick(&[0, 5, 20, 100, 400, 1_500, 4_000])));
             }
@@ -428,6 +534,185 @@ impl Schedule {
             initial_keys,
             steps,
         }
+    }
+
+    /// A multi-instance schedule: 2–3 runtimes run the stream as `SingleLeader` with seeded
+    /// lease timing; besides the single-instance faults, leader crashes, standby crashes,
+    /// graceful stops and restarts of either, frozen renewals (with or without a partition
+    /// from the lease store) and zombies.
+    fn generate_multi(
+        seed: u64,
+        mut r: SplitMix64,
+        mut side: SplitMix64,
+        mut settings: Settings,
+        mut present: Vec<bool>,
+        initial_keys: Vec<i32>,
+    ) -> Schedule {
+        let lease_secs = side.range(3, 30);
+        let leader = LeaderSettings {
+            instances: side.range(2, 3) as usize,
+            lease_secs,
+            renew_secs: side.range(1, (lease_secs / 3).max(1)),
+            poll_secs: side.range(1, 5),
+        };
+        settings.leader = Some(leader);
+        // A deposed leader keeps its in-flight handler only while its stop waits for it: some
+        // long shutdown timeouts, so that zombies outlive their lease.
+        settings.shutdown_timeout_ms = side.pick(&[500, 2_000, 10_000, 60_000]);
+        let lease_ms = lease_secs * 1_000;
+        let poll_ms = leader.poll_secs * 1_000;
+        let keys = settings.keys;
+
+        let fault_free = r.chance(15);
+        let fault_pct = r.range(8, 30);
+        let writes = r.range(12, 40);
+        let mut steps = Vec::new();
+        // Countdowns (in writes) until a stopped or crashed slot is started again.
+        let mut down: Vec<u64> = Vec::new();
+        let mut thaw_in: Option<u64> = None;
+        let mut dead_letter_failures = 0u32;
+        for i in 0..writes {
+            steps.push(write_step(&mut r, keys, &mut present, i as i64 + 1));
+            if r.chance(50) {
+                steps.push(Step::Advance(r.pick(&[
+                    0,
+                    5,
+                    20,
+                    100,
+                    400,
+                    1_500,
+                    4_000,
+                    lease_ms / 2,
+                    lease_ms + poll_ms,
+                ])));
+            }
+            let mut k = 0;
+            while k < down.len() {
+                if down[k] == 0 {
+                    if r.chance(20) {
+                        steps.push(Step::Truncate(r.range(0, 4) as usize));
+                    }
+                    steps.push(Step::Advance(r.range(0, lease_ms)));
+                    steps.push(Step::StartInstance {
+                        new_identity: r.chance(40),
+                    });
+                    down.remove(k);
+                } else {
+                    down[k] -= 1;
+                    k += 1;
+                }
+            }
+            if let Some(left) = thaw_in.as_mut() {
+                if *left == 0 {
+                    steps.push(Step::ThawAll);
+                    thaw_in = None;
+                } else {
+                    *left -= 1;
+                }
+            }
+            if fault_free {
+                if r.chance(8) {
+                    let leader = r.chance(60);
+                    if down.is_empty() && r.chance(50) {
+                        steps.push(Step::StopInstance { leader });
+                        down.push(r.range(0, 3));
+                    } else {
+                        steps.push(Step::RestartInstance { leader });
+                    }
+                }
+                continue;
+            }
+            if !r.chance(fault_pct) {
+                continue;
+            }
+            let fault = match r.below(20) {
+                0 | 1 => Step::ReadErrors(r.range(1, 3) as usize),
+                2 => Step::CloseStreams,
+                3..=5 => {
+                    // Often while a handler is in flight.
+                    steps.push(Step::Advance(r.pick(&[0, 1, 10, 50, 300])));
+                    down.push(r.range(0, 3));
+                    Step::CrashLeader
+                }
+                6 => {
+                    down.push(r.range(0, 3));
+                    Step::CrashStandby
+                }
+                7 | 8 => {
+                    // Right after a write: a handler is often in flight.
+                    steps.push(Step::Advance(r.pick(&[0, 1, 10, 50])));
+                    if thaw_in.is_none() && r.chance(70) {
+                        thaw_in = Some(r.range(1, 6));
+                    }
+                    Step::Zombie {
+                        stall_ms: r.pick(&[
+                            lease_ms / 2,
+                            lease_ms + poll_ms + 500,
+                            lease_ms + poll_ms + 5_000,
+                            2 * lease_ms + 20_000,
+                        ]),
+                    }
+                }
+                9 => {
+                    if thaw_in.is_none() && r.chance(70) {
+                        thaw_in = Some(r.range(1, 6));
+                    }
+                    Step::FreezeLeader {
+                        cut_off: r.chance(50),
+                    }
+                }
+                10 => {
+                    down.push(r.range(0, 3));
+                    Step::StopInstance {
+                        leader: r.chance(60),
+                    }
+                }
+                11 => Step::RestartInstance {
+                    leader: r.chance(60),
+                },
+                12 => Step::Rewind(r.range(1, 4)),
+                13 => Step::Truncate(r.range(0, 6) as usize),
+                14 => Step::CheckpointSaveFailures(r.range(1, 4) as u32),
+                15 => Step::CheckpointLoadFailures(r.range(1, 3) as u32),
+                16 => Step::CheckpointSaveDelay(if r.chance(60) {
+                    Some(r.pick(&[50, 1_000, 8_000]))
+                } else {
+                    None
+                }),
+                17 if dead_letter_failures < 8 => {
+                    let n = (r.range(1, 6) as u32).min(8 - dead_letter_failures);
+                    dead_letter_failures += n;
+                    Step::DeadLetterPutFailures(n)
+                }
+                18 => Step::OpenFailures(r.range(1, 3) as usize),
+                _ => Step::ReadDelay(if r.chance(60) {
+                    Some(r.pick(&[10, 200, 1_500]))
+                } else {
+                    None
+                }),
+            };
+            steps.push(fault);
+        }
+        for _ in &down {
+            steps.push(Step::StartInstance {
+                new_identity: r.chance(40),
+            });
+        }
+        if !fault_free && r.chance(8) {
+            steps.push(Step::Advance(r.pick(&[0, 100, 2_000])));
+            steps.push(Step::Drop);
+        }
+        Schedule {
+            seed,
+            settings,
+            initial_keys,
+            steps,
+        }
+    }
+
+    /// Whether this is a multi-instance (`SingleLeader`) schedule.
+    pub fn is_multi_instance(&self) -> bool {
+        self.settings.leader.is_some()
     }
 
     /// Whether no step injects a fault.

@@ -5,6 +5,13 @@
 //! in-memory backend's source, checkpoint store and dead-letter store record every open,
 //! delivery, checkpoint write and dead letter. Invariants 2, 3 and 4 are checked at the
 //! instant the runtime acts; 1 and 5 at the end of the run.
+//!
+//! Multi-instance runs give every runtime (an *incarnation*, numbered from 1) its own
+//! wrappers, so each write is attributed to the runtime that made it. A wrapper around the
+//! lease store keeps an exact mirror of the stream's lease (holder, epoch, expiry instant:
+//! every acquisition, renewal and release goes through it). Invariants 6, 7 and 8 are checked
+//! when a store accepts a write, 9 when a runtime begins processing an event, 10 at takeovers
+//! and at the end of the run.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -16,15 +23,15 @@ use flowwarden::dead_letter::PutOutcome;
 use flowwarden::{
     ChangeContext, ChangeCursor, ChangeSource, Checkpoint, CheckpointStore, DeadLetterQuery,
     DeadLetterRecord, DeadLetterStatus, DeadLetterStore, ErrorAction, HandlerError, HandlerFuture,
-    MemoryBackend, ResumeToken, RuntimeHandle, SourceError, SourceItem, StartAt, StoreError,
-    StreamDefinition, StreamHandler, WatchSpec,
+    Lease, LeaseStore, MemoryBackend, ResumeToken, RuntimeHandle, SourceError, SourceItem, StartAt,
+    StoreError, StoreErrorKind, StreamDefinition, StreamHandler, WatchSpec,
 };
 use serde::Deserialize;
 use tokio::time::Instant;
 
 use crate::rng::mix;
 use crate::schedule::{FilterKind, PipelineKind, Settings};
-use crate::{Invariant, Stats, Violation};
+use crate::{Invariant, Sabotage, Stats, Violation};
 
 /// The operation of a committed change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,13 +102,86 @@ pub(crate) struct WorldState {
     /// Per change: how many times a cursor delivered it (the only source of repeats).
     pub(crate) deliveries: BTreeMap<u64, u32>,
     pub(crate) calls: BTreeMap<u64, u32>,
-    pub(crate) handle: Option<RuntimeHandle>,
+    /// Handles of the runtimes that are up, by incarnation.
+    pub(crate) handles: BTreeMap<u32, RuntimeHandle>,
     /// History-lost counts of finished runtimes, plus how many were turned into gaps.
     pub(crate) history_lost_finished: u64,
     pub(crate) history_lost_accounted: u64,
     pub(crate) trace: Vec<String>,
     pub(crate) violations: Vec<Violation>,
     pub(crate) stats: Stats,
+    /// Harness-level sabotage (to prove the checkers of invariants 6–10).
+    pub(crate) sabotage: Option<Sabotage>,
+    /// Every runtime started, by incarnation.
+    pub(crate) incs: BTreeMap<u32, Incarnation>,
+    /// The stream's lease as the store holds it (multi-instance runs).
+    pub(crate) lease: Option<LeaseMirror>,
+    /// Per incarnation: the epoch of its last acquisition.
+    pub(crate) acquired: BTreeMap<u32, i64>,
+    /// Per epoch: the incarnation that acquired it.
+    pub(crate) epoch_holder: BTreeMap<i64, u32>,
+    /// Per epoch: the first incarnation whose checkpoint write under it was accepted.
+    pub(crate) epoch_writer: BTreeMap<i64, u32>,
+    /// The last checkpoint write the store accepted.
+    pub(crate) last_written: Option<Written>,
+    /// Identities whose renewals the harness froze.
+    pub(crate) frozen: BTreeSet<String>,
+    /// Identities the lease-store wrapper cuts off (acquisitions fail too).
+    pub(crate) cut_off: BTreeSet<String>,
+    /// Per incarnation: its handler stalls until then (a zombie).
+    pub(crate) stall_until: BTreeMap<u32, Instant>,
+    /// Incarnations made zombies (stalled), and whether a write of theirs was fenced since.
+    pub(crate) zombies: BTreeMap<u32, bool>,
+    /// Takeovers the harness waits for (invariant 10).
+    pub(crate) takeovers: Vec<Takeover>,
+    /// Per incarnation: the lowest position its source delivered again after moving back
+    /// (before what that cursor had delivered or opened at). Its checkpoint may move back
+    /// down to there: the runtime processes redeliveries again and tokens are opaque to it.
+    pub(crate) rewound_to: BTreeMap<u32, u64>,
+    /// Per incarnation: the highest position its cursors delivered.
+    pub(crate) max_delivered: BTreeMap<u32, u64>,
+}
+
+/// One runtime started by the harness.
+#[derive(Debug, Clone)]
+pub(crate) struct Incarnation {
+    /// Its instance identity (empty in single-instance runs: not configured).
+    pub(crate) id: String,
+    /// Prefix of its trace lines (empty in single-instance runs).
+    pub(crate) tag: String,
+    /// When the harness crashed or stopped it.
+    pub(crate) ended: Option<Instant>,
+}
+
+/// The stream's lease, mirrored exactly from the lease-store wrapper.
+#[derive(Debug, Clone)]
+pub(crate) struct LeaseMirror {
+    pub(crate) owner: String,
+    pub(crate) epoch: i64,
+    /// By the store's clock (Tokio's, virtual): live while `now < expires`.
+    pub(crate) expires: Instant,
+    /// The incarnation that acquired it.
+    pub(crate) inc: u32,
+}
+
+/// What the last accepted checkpoint write held.
+#[derive(Debug, Clone)]
+pub(crate) struct Written {
+    pub(crate) seen: Option<u64>,
+    pub(crate) processed: Option<u64>,
+    pub(crate) epoch: Option<i64>,
+    pub(crate) inc: u32,
+}
+
+/// A takeover the harness expects: the lease is free (or will be, at expiry) and standbys
+/// are polling, so one of them must take it within `standby_poll_secs`.
+#[derive(Debug, Clone)]
+pub(crate) struct Takeover {
+    pub(crate) what: String,
+    pub(crate) free_at: Instant,
+    pub(crate) deadline: Instant,
+    pub(crate) standbys: Vec<u32>,
+    pub(crate) satisfied: bool,
 }
 
 /// Shared, lockable run state.
@@ -123,12 +203,26 @@ impl World {
                 successes: BTreeMap::new(),
                 deliveries: BTreeMap::new(),
                 calls: BTreeMap::new(),
-                handle: None,
+                handles: BTreeMap::new(),
                 history_lost_finished: 0,
                 history_lost_accounted: 0,
                 trace: Vec::new(),
                 violations: Vec::new(),
                 stats: Stats::default(),
+                sabotage: None,
+                incs: BTreeMap::new(),
+                lease: None,
+                acquired: BTreeMap::new(),
+                epoch_holder: BTreeMap::new(),
+                epoch_writer: BTreeMap::new(),
+                last_written: None,
+                frozen: BTreeSet::new(),
+                cut_off: BTreeSet::new(),
+                stall_until: BTreeMap::new(),
+                zombies: BTreeMap::new(),
+                takeovers: Vec::new(),
+                rewound_to: BTreeMap::new(),
+                max_delivered: BTreeMap::new(),
             }),
         })
     }
@@ -150,6 +244,11 @@ impl WorldState {
 
     pub(crate) fn violate(&mut self, invariant: Invariant, message: String) {
         self.log(format!("!! VIOLATION {invariant}: {message}"));
+        *self
+            .stats
+            .violations_by_invariant
+            .entry(invariant.number())
+            .or_default() += 1;
         let at = self.trace.len() - 1;
         if self.violations.len() < 20 {
             self.violations.push(Violation {
@@ -270,19 +369,29 @@ impl WorldState {
 
     /// A cursor was opened at `at`; a loud history-lost restart (counter risen) turns
     /// the unsettled changes it skips into a reported gap.
-    fn on_open(&mut self, at: &StartAt, head: u64, first: u64, result: &Result<(), SourceError>) {
+    fn on_open(
+        &mut self,
+        tag: &str,
+        at: &StartAt,
+        head: u64,
+        first: u64,
+        result: &Result<(), SourceError>,
+    ) {
         self.stats.opens += 1;
         let lost_now = self.history_lost_finished
             + self
-                .handle
-                .as_ref()
-                .and_then(|h| h.status(crate::STREAM))
+                .handles
+                .values()
+                .filter_map(|h| h.status(crate::STREAM))
                 .map(|s| s.counters.history_lost)
-                .unwrap_or(0);
+                .sum::<u64>();
         match result {
-            Err(e) => self.log(format!("open {at} -> error {:?}: {}", e.kind, e.message)),
+            Err(e) => self.log(format!(
+                "{tag}open {at} -> error {:?}: {}",
+                e.kind, e.message
+            )),
             Ok(()) => {
-                self.log(format!("open {at} (oplog #{first}..=#{head})"));
+                self.log(format!("{tag}open {at} (oplog #{first}..=#{head})"));
                 let upper = match at {
                     StartAt::Now => head,
                     StartAt::OldestAvailable => first.saturating_sub(1),
@@ -312,6 +421,347 @@ impl WorldState {
                         format!("the stream re-opened at `{at}` without reporting lost history; unsettled changes {skipped:?} are skipped silently"),
                     );
                 }
+            }
+        }
+    }
+
+    /// The trace prefix of an incarnation (empty in single-instance runs).
+    pub(crate) fn tag(&self, inc: u32) -> String {
+        self.incs
+            .get(&inc)
+            .map(|i| i.tag.clone())
+            .unwrap_or_default()
+    }
+
+    fn ms(&self, at: Instant) -> u128 {
+        at.saturating_duration_since(self.t0).as_millis()
+    }
+
+    fn lease_label(&self) -> String {
+        match &self.lease {
+            None => "no lease".into(),
+            Some(l) => format!(
+                "the lease is held by {} (runtime #{}) with epoch {}, {} at {}ms",
+                l.owner,
+                l.inc,
+                l.epoch,
+                if Instant::now() < l.expires {
+                    "live until"
+                } else {
+                    "expired"
+                },
+                self.ms(l.expires)
+            ),
+        }
+    }
+
+    /// Whether the lease is live and was acquired by `inc`.
+    pub(crate) fn leads(&self, inc: u32) -> bool {
+        self.lease
+            .as_ref()
+            .is_some_and(|l| l.inc == inc && Instant::now() < l.expires)
+    }
+
+    /// A lease acquisition, as the store granted it.
+    fn on_acquire(&mut self, inc: u32, owner: &str, epoch: i64, ttl: Duration) {
+        let now = Instant::now();
+        let tag = self.tag(inc);
+        self.stats.lease_acquisitions += 1;
+        if let Some(prev) = &self.lease {
+            if epoch <= prev.epoch {
+                let prev = prev.epoch;
+                self.violate(
+                    Invariant::OneWriterPerEpoch,
+                    format!("{tag}the lease was acquired with epoch {epoch}, not above the previous epoch {prev}"),
+                );
+            }
+            if self.lease.as_ref().is_some_and(|p| p.owner != owner) {
+                self.stats.takeovers += 1;
+            }
+        }
+        self.log(format!(
+            "{tag}acquires the lease: epoch {epoch}, until {}ms",
+            self.ms(now + ttl)
+        ));
+        self.lease = Some(LeaseMirror {
+            owner: owner.to_owned(),
+            epoch,
+            expires: now + ttl,
+            inc,
+        });
+        self.acquired.insert(inc, epoch);
+        self.epoch_holder.insert(epoch, inc);
+        let t0 = self.t0;
+        let mut lines = Vec::new();
+        for t in self.takeovers.iter_mut() {
+            if !t.satisfied && now <= t.deadline {
+                t.satisfied = true;
+                lines.push(format!(
+                    "takeover after `{}`: lease taken {}ms after it was free",
+                    t.what,
+                    now.saturating_duration_since(t.free_at.max(t0)).as_millis()
+                ));
+            }
+        }
+        for l in lines {
+            self.log(l);
+        }
+    }
+
+    /// Expects a takeover (invariant 10): the lease is free from now or from its expiry, and
+    /// `standbys` are polling for it.
+    pub(crate) fn expect_takeover(&mut self, what: String, standbys: Vec<u32>, poll: Duration) {
+        let now = Instant::now();
+        let free_at = self
+            .lease
+            .as_ref()
+            .map(|l| l.expires.max(now))
+            .unwrap_or(now);
+        let standbys: Vec<u32> = standbys
+            .into_iter()
+            .filter(|i| {
+                self.incs
+                    .get(i)
+                    .is_some_and(|inc| !self.cut_off.contains(&inc.id))
+            })
+            .collect();
+        if standbys.is_empty() {
+            self.log(format!("{what}: no standby, no takeover expected"));
+            return;
+        }
+        // Timers fire on whole milliseconds: a little slack over the poll period.
+        let deadline = free_at + poll + Duration::from_millis(10);
+        self.log(format!(
+            "{what}: lease free at {}ms; a standby of {standbys:?} must take it by {}ms",
+            self.ms(free_at),
+            self.ms(deadline)
+        ));
+        self.takeovers.push(Takeover {
+            what,
+            free_at,
+            deadline,
+            standbys,
+            satisfied: false,
+        });
+    }
+
+    /// The holder renewed its lease (a thawed leader): no takeover is due any more.
+    fn on_renewed(&mut self, inc: u32) {
+        let before = self.takeovers.len();
+        self.takeovers.retain(|t| t.satisfied);
+        if self.takeovers.len() != before {
+            let tag = self.tag(inc);
+            self.log(format!(
+                "{tag}renewed its lease: no takeover is expected any more"
+            ));
+        }
+    }
+
+    /// Invariant 10, at every observation: an expected takeover whose deadline passed must
+    /// have happened, unless every standby it relied on was crashed, stopped or cut off.
+    pub(crate) fn check_takeovers(&mut self) {
+        let now = Instant::now();
+        let pending = std::mem::take(&mut self.takeovers);
+        for t in pending {
+            if t.satisfied {
+                continue;
+            }
+            if now <= t.deadline {
+                self.takeovers.push(t);
+                continue;
+            }
+            let alive: Vec<u32> = t
+                .standbys
+                .iter()
+                .copied()
+                .filter(|i| {
+                    self.incs.get(i).is_some_and(|inc| {
+                        inc.ended.is_none_or(|e| e > t.deadline) && !self.cut_off.contains(&inc.id)
+                    })
+                })
+                .collect();
+            if !alive.is_empty() {
+                let label = self.lease_label();
+                self.violate(
+                    Invariant::Liveness,
+                    format!(
+                        "after `{}`, the lease was free from {}ms and runtime(s) {alive:?} stood by, yet no instance took it within standby_poll_secs (by {}ms); {label}",
+                        t.what,
+                        self.ms(t.free_at),
+                        self.ms(t.deadline)
+                    ),
+                );
+            }
+        }
+    }
+
+    /// Invariant 9, when `inc` begins processing an event (its first attempt).
+    fn check_consumer(&mut self, inc: u32, seq: u64) {
+        if self.leads(inc) {
+            return;
+        }
+        let tag = self.tag(inc);
+        let label = self.lease_label();
+        let own = self
+            .acquired
+            .get(&inc)
+            .map(|e| format!("its last epoch is {e}"))
+            .unwrap_or_else(|| "it never acquired the lease".into());
+        self.violate(
+            Invariant::OneConsumer,
+            format!("{tag}began processing #{seq} without holding the live lease ({own}); {label}"),
+        );
+    }
+
+    /// Invariants 6, 7 and 8, when the store accepted a checkpoint write of `inc`.
+    fn on_checkpoint_accepted(&mut self, inc: u32, cp: &Checkpoint, current: Option<&Lease>) {
+        self.stats.checkpoints_saved += 1;
+        let seen = cp.last_seen.as_ref().and_then(|p| token_seq(&p.token));
+        let processed = cp.last_processed.as_ref().and_then(|p| token_seq(&p.token));
+        let tag = self.tag(inc);
+        let carried = match (&cp.owner, cp.epoch) {
+            (Some(o), Some(e)) => format!("owner {o} epoch {e}"),
+            (None, Some(e)) => format!("epoch {e}"),
+            _ => "no epoch".into(),
+        };
+        if self.lease.is_some() || current.is_some() {
+            let store = current
+                .map(|l| format!("{} with epoch {}", l.owner, l.epoch))
+                .unwrap_or_else(|| "nobody".into());
+            // 6: it carries the epoch of the lease current at this instant ...
+            let current_epoch = current.is_some_and(|l| {
+                cp.epoch == Some(l.epoch) && cp.owner.as_deref() == Some(l.owner.as_str())
+            });
+            if !current_epoch {
+                self.violate(
+                    Invariant::OneWriterPerEpoch,
+                    format!("{tag}an accepted checkpoint write carries {carried}, but the lease current at that instant is held by {store}"),
+                );
+            }
+            if let Some(e) = cp.epoch {
+                // ... accepted epochs never decrease ...
+                if let Some(prev) = self.last_written.as_ref().and_then(|w| w.epoch) {
+                    if e < prev {
+                        self.violate(
+                            Invariant::OneWriterPerEpoch,
+                            format!("{tag}accepted checkpoint epochs went back from {prev} to {e}"),
+                        );
+                    }
+                }
+                // ... and one epoch has one writer: the runtime that acquired it.
+                let writer = *self.epoch_writer.entry(e).or_insert(inc);
+                let holder = self.epoch_holder.get(&e).copied();
+                if writer != inc || holder != Some(inc) {
+                    let holder = holder
+                        .map(|h| format!("runtime #{h}"))
+                        .unwrap_or_else(|| "nobody".into());
+                    self.violate(
+                        Invariant::OneWriterPerEpoch,
+                        format!("{tag}checkpoint accepted under epoch {e}, which was acquired by {holder} and first written by runtime #{writer}: two writers for one epoch"),
+                    );
+                }
+            }
+            // 8: the writer still holds the current lease (fencing is by epoch: a write after
+            // expiry is fine while nobody else acquired).
+            let holds = current.is_some_and(|l| self.acquired.get(&inc) == Some(&l.epoch));
+            if !holds {
+                let own = self
+                    .acquired
+                    .get(&inc)
+                    .map(|e| format!("acquired epoch {e}"))
+                    .unwrap_or_else(|| "never acquired the lease".into());
+                self.violate(
+                    Invariant::ZombieWrite,
+                    format!("{tag}a deposed leader's checkpoint write was accepted (it {own}; the store's lease is held by {store}): seen {}, processed {}", pos_seq(seen), pos_seq(processed)),
+                );
+            }
+        }
+        // 7: the stored checkpoint never moves backwards. Two allowances: down to what this
+        // runtime's source delivered again after moving back (the runtime processes
+        // redeliveries again; tokens are opaque to it); and under `ProcessedFirst`, lastSeen
+        // follows the replay from the stored lastProcessed (never below it).
+        if let Some(prev) = self.last_written.clone() {
+            let floor = self.rewound_to.get(&inc).copied();
+            let processed_first =
+                self.settings.resume_strategy == flowwarden::ResumeStrategy::ProcessedFirst;
+            for (label, before, after) in [
+                ("lastSeen", prev.seen, seen),
+                ("lastProcessed", prev.processed, processed),
+            ] {
+                if let Some(b) = before {
+                    let replay = label == "lastSeen"
+                        && processed_first
+                        && after.is_some_and(|a| prev.processed.is_some_and(|p| p <= a));
+                    if after.is_some_and(|a| a < b && floor.is_some_and(|f| f <= a)) {
+                        let (a, f) = (after.unwrap_or(0), floor.unwrap_or(0));
+                        self.log(format!("{tag}the stored {label} moves back from #{b} to #{a}: the source redelivered from #{f}"));
+                    } else if after.is_some_and(|a| a < b) && replay {
+                        let a = after.unwrap_or(0);
+                        self.log(format!("{tag}the stored lastSeen moves back from #{b} to #{a}, replaying from lastProcessed {} (ProcessedFirst)", pos_seq(prev.processed)));
+                    } else if after.is_none_or(|a| a < b) {
+                        self.violate(
+                            Invariant::CheckpointMovesBackwards,
+                            format!(
+                                "{tag}the stored checkpoint's {label} moved back from #{b} (written by runtime #{}) to {}",
+                                prev.inc,
+                                pos_seq(after)
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        self.last_written = Some(Written {
+            seen,
+            processed,
+            epoch: cp.epoch,
+            inc,
+        });
+    }
+
+    /// Invariant 8, when the store accepted a dead letter of `inc`.
+    fn on_dead_letter_accepted(
+        &mut self,
+        inc: u32,
+        rec: &DeadLetterRecord,
+        current: Option<&Lease>,
+    ) {
+        if self.lease.is_none() && current.is_none() {
+            return;
+        }
+        let carries = current.is_some_and(|l| {
+            rec.epoch == Some(l.epoch) && rec.owner.as_deref() == Some(l.owner.as_str())
+        });
+        let holds = current.is_some_and(|l| self.acquired.get(&inc) == Some(&l.epoch));
+        if !carries || !holds {
+            let tag = self.tag(inc);
+            let store = current
+                .map(|l| format!("{} with epoch {}", l.owner, l.epoch))
+                .unwrap_or_else(|| "nobody".into());
+            let own = self
+                .acquired
+                .get(&inc)
+                .map(|e| format!("acquired epoch {e}"))
+                .unwrap_or_else(|| "never acquired the lease".into());
+            self.violate(
+                Invariant::ZombieWrite,
+                format!(
+                    "{tag}a dead letter for #{} carrying epoch {:?} was accepted from a runtime that {own}, while the store's lease is held by {store}",
+                    token_seq(&rec.token).unwrap_or(0),
+                    rec.epoch
+                ),
+            );
+        }
+    }
+
+    /// A write of `inc` was rejected as fenced.
+    fn on_fenced(&mut self, inc: u32, what: &str, e: &StoreError) {
+        let tag = self.tag(inc);
+        self.log(format!("{tag}{what} REJECTED (fenced): {}", e.message));
+        if let Some(z) = self.zombies.get_mut(&inc) {
+            if !*z {
+                *z = true;
+                self.stats.zombies_fenced += 1;
             }
         }
     }
@@ -372,6 +822,8 @@ pub(crate) const PANIC_MARK: &str = "flowwarden-simulation: injected handler pan
 #[derive(Clone)]
 pub(crate) struct SimHandler {
     pub(crate) world: Arc<World>,
+    /// The runtime (incarnation) it belongs to.
+    pub(crate) inc: u32,
 }
 
 enum Outcome {
@@ -402,6 +854,11 @@ impl StreamHandler for SimHandler {
 
     fn filter(&self, ctx: &ChangeContext<Item>) -> bool {
         let mut w = self.world.lock();
+        if w.settings.leader.is_some() && ctx.attempt() == 1 {
+            if let Some(seq) = token_seq(ctx.resume_token()) {
+                w.check_consumer(self.inc, seq);
+            }
+        }
         let key = key_of(ctx);
         let keep = match w.settings.filter {
             FilterKind::None => true,
@@ -412,7 +869,8 @@ impl StreamHandler for SimHandler {
         };
         if !keep {
             if let Some(seq) = token_seq(ctx.resume_token()) {
-                w.log(format!("filter rejects #{seq}"));
+                let tag = w.tag(self.inc);
+                w.log(format!("{tag}filter rejects #{seq}"));
                 w.settle(seq, Settle::Filtered);
             }
         }
@@ -424,8 +882,10 @@ impl StreamHandler for SimHandler {
         let op = ctx.operation_type().as_str().to_owned();
         let key = key_of(&ctx);
         let mut w = self.world.lock();
+        let inc = self.inc;
+        let tag = w.tag(inc);
         if op == "drop" || op == "invalidate" {
-            w.log(format!("unrouted #{seq} {op}"));
+            w.log(format!("{tag}unrouted #{seq} {op}"));
             w.settle(seq, Settle::Unrouted);
             return None;
         }
@@ -456,7 +916,7 @@ impl StreamHandler for SimHandler {
         };
         w.stats.invocations += 1;
         w.log(format!(
-            "invoke #{seq} {op} k{} attempt {} (call {call}, {latency}ms)",
+            "{tag}invoke #{seq} {op} k{} attempt {} (call {call}, {latency}ms)",
             key.unwrap_or(-1),
             ctx.attempt()
         ));
@@ -466,24 +926,61 @@ impl StreamHandler for SimHandler {
             if latency > 0 {
                 tokio::time::sleep(Duration::from_millis(latency)).await;
             }
+            // A zombie: the handler stalls (a GC pause, a blocked call) past its lease.
+            let mut stalled = false;
+            loop {
+                let until = {
+                    let mut w = world.lock();
+                    let until = w.stall_until.get(&inc).copied();
+                    match until {
+                        Some(u) if u > Instant::now() => {
+                            let at = u.saturating_duration_since(w.t0).as_millis();
+                            w.log(format!("{tag}handler of #{seq} stalls until {at}ms"));
+                            Some(u)
+                        }
+                        _ => None,
+                    }
+                };
+                match until {
+                    Some(u) => {
+                        stalled = true;
+                        tokio::time::sleep_until(u).await;
+                    }
+                    None => break,
+                }
+            }
             let mut w = world.lock();
+            if stalled {
+                let deposed = !w.leads(inc);
+                if deposed {
+                    w.stats.zombie_wakeups += 1;
+                }
+                w.log(format!(
+                    "{tag}handler of #{seq} wakes{}",
+                    if deposed {
+                        " (a zombie: this runtime no longer holds the lease)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
             match outcome {
                 Outcome::Ok => {
-                    w.log(format!("success #{seq}"));
+                    w.log(format!("{tag}success #{seq}"));
                     w.on_success(seq, key);
                     Ok(())
                 }
                 Outcome::Fail(why) => {
-                    w.log(format!("fail #{seq}: {why}"));
+                    w.log(format!("{tag}fail #{seq}: {why}"));
                     Err(HandlerError::msg(format!("{why} of #{seq}")))
                 }
                 Outcome::DeadLetterRequest => {
-                    w.log(format!("#{seq}: handler asks to dead-letter"));
+                    w.log(format!("{tag}#{seq}: handler asks to dead-letter"));
                     ctx.dead_letter("the simulated handler asked for it");
                     Ok(())
                 }
                 Outcome::Panic => {
-                    w.log(format!("panic #{seq}"));
+                    w.log(format!("{tag}panic #{seq}"));
                     drop(w);
                     panic!("{PANIC_MARK} #{seq}");
                 }
@@ -503,6 +1000,7 @@ impl StreamHandler for SimHandler {
 pub(crate) struct RecSource {
     pub(crate) world: Arc<World>,
     pub(crate) memory: MemoryBackend,
+    pub(crate) inc: u32,
 }
 
 #[async_trait]
@@ -516,12 +1014,42 @@ impl ChangeSource for RecSource {
         let first = self.memory.oplog_first_retained();
         let result = ChangeSource::open(&self.memory, spec, at.clone()).await;
         let summary = result.as_ref().map(|_| ()).map_err(Clone::clone);
-        self.world.lock().on_open(&at, head, first, &summary);
+        let tag = {
+            let mut w = self.world.lock();
+            let tag = w.tag(self.inc);
+            w.on_open(&tag, &at, head, first, &summary);
+            tag
+        };
+        // Where the cursor starts: a delivery at or before it is the source moving back.
+        let start = match &at {
+            StartAt::ResumeAfter(t) | StartAt::StartAfter(t) => token_seq(t),
+            StartAt::Now => Some(head),
+            StartAt::OldestAvailable => Some(first.saturating_sub(1)),
+            _ => None,
+        };
+        let inc = self.inc;
+        if let (Ok(_), StartAt::Now | StartAt::OldestAvailable, Some(st)) = (&result, &at, start) {
+            let mut w = self.world.lock();
+            let stored = w
+                .last_written
+                .as_ref()
+                .map(|c| c.seen.max(c.processed))
+                .unwrap_or_default();
+            let delivered = w.max_delivered.get(&inc).copied();
+            if stored.max(delivered).is_some_and(|c| st < c) {
+                // Only a source that moved back (the rewind fault, past the retained history)
+                // makes "now" or "the oldest entry" lie behind what was settled.
+                let floor = w.rewound_to.entry(inc).or_insert(st);
+                *floor = (*floor).min(st);
+            }
+        }
         result.map(|inner| {
             Box::new(RecCursor {
                 inner,
                 world: self.world.clone(),
-                last: None,
+                last: start,
+                tag,
+                inc,
             }) as Box<dyn ChangeCursor>
         })
     }
@@ -534,7 +1062,10 @@ impl ChangeSource for RecSource {
 struct RecCursor {
     inner: Box<dyn ChangeCursor>,
     world: Arc<World>,
+    /// The last position delivered (at first, where the cursor was opened).
     last: Option<u64>,
+    tag: String,
+    inc: u32,
 }
 
 #[async_trait]
@@ -551,21 +1082,44 @@ impl ChangeCursor for RecCursor {
                     }
                     if !invalidate && self.last.is_some_and(|l| seq <= l) {
                         w.log(format!(
-                            "source moved back: #{seq} after #{}",
+                            "{}source moved back: #{seq} after #{}",
+                            self.tag,
                             self.last.unwrap_or(0)
                         ));
+                        let floor = w.rewound_to.entry(self.inc).or_insert(seq);
+                        *floor = (*floor).min(seq);
                     }
                     if !invalidate {
                         self.last = Some(seq);
+                        let max = w.max_delivered.entry(self.inc).or_insert(seq);
+                        *max = (*max).max(seq);
                     }
                     w.log(format!(
-                        "deliver #{seq}{}",
+                        "{}deliver #{seq}{}",
+                        self.tag,
                         if invalidate { " invalidate" } else { "" }
                     ));
                 }
             }
-            Ok(Some(SourceItem::Idle(_))) | Ok(None) => {}
-            Err(e) => w.log(format!("read error {:?}: {}", e.kind, e.message)),
+            Ok(Some(SourceItem::Idle(Some(t)))) => {
+                if let Some(seq) = token_seq(t) {
+                    if self.last.is_some_and(|l| seq < l) {
+                        w.log(format!(
+                            "{}source moved back: idle at #{seq} after #{}",
+                            self.tag,
+                            self.last.unwrap_or(0)
+                        ));
+                        let floor = w.rewound_to.entry(self.inc).or_insert(seq);
+                        *floor = (*floor).min(seq);
+                    }
+                    self.last = Some(seq);
+                }
+            }
+            Ok(Some(SourceItem::Idle(None))) | Ok(None) => {}
+            Err(e) => w.log(format!(
+                "{}read error {:?}: {}",
+                self.tag, e.kind, e.message
+            )),
         }
         item
     }
@@ -575,10 +1129,16 @@ impl ChangeCursor for RecCursor {
     }
 }
 
-/// The in-memory checkpoint store; checks invariant 2 at every write.
+/// The in-memory checkpoint store of one runtime; checks invariant 2 at every write, and 6, 7
+/// and 8 at every write the store accepts.
 pub(crate) struct RecCheckpoints {
     pub(crate) world: Arc<World>,
     pub(crate) memory: MemoryBackend,
+    pub(crate) inc: u32,
+}
+
+fn pos_seq(s: Option<u64>) -> String {
+    s.map(|s| format!("#{s}")).unwrap_or_else(|| "-".into())
 }
 
 fn pos_label(p: &Option<flowwarden::StoredPosition>) -> String {
@@ -588,38 +1148,83 @@ fn pos_label(p: &Option<flowwarden::StoredPosition>) -> String {
     }
 }
 
+fn is_fenced<T>(r: &Result<T, StoreError>) -> bool {
+    matches!(r, Err(e) if e.kind == StoreErrorKind::Fenced)
+}
+
+/// The lease the store holds now (the in-memory store answers at once, without yielding, so
+/// it is the lease at the instant the preceding write was accepted or rejected).
+async fn current_lease(memory: &MemoryBackend) -> Option<Lease> {
+    LeaseStore::current(memory, crate::STREAM)
+        .await
+        .ok()
+        .flatten()
+}
+
 #[async_trait]
 impl CheckpointStore for RecCheckpoints {
     async fn load(&self, stream: &str) -> Result<Option<Checkpoint>, StoreError> {
         let r = CheckpointStore::load(&self.memory, stream).await;
         let mut w = self.world.lock();
+        let tag = w.tag(self.inc);
         match &r {
             Ok(Some(c)) => w.log(format!(
-                "checkpoint load: seen {} processed {}",
+                "{tag}checkpoint load: seen {} processed {}",
                 pos_label(&c.last_seen),
                 pos_label(&c.last_processed)
             )),
-            Ok(None) => w.log("checkpoint load: none"),
-            Err(e) => w.log(format!("checkpoint load failed: {e}")),
+            Ok(None) => w.log(format!("{tag}checkpoint load: none")),
+            Err(e) => w.log(format!("{tag}checkpoint load failed: {e}")),
         }
         r
     }
 
     async fn save(&self, checkpoint: &Checkpoint) -> Result<(), StoreError> {
-        {
+        let sabotage = {
             let mut w = self.world.lock();
+            let tag = w.tag(self.inc);
+            let epoch = checkpoint
+                .epoch
+                .map(|e| format!(" (epoch {e})"))
+                .unwrap_or_default();
             w.log(format!(
-                "checkpoint save: seen {} processed {}",
+                "{tag}checkpoint save: seen {} processed {}{epoch}",
                 pos_label(&checkpoint.last_seen),
                 pos_label(&checkpoint.last_processed)
             ));
             w.check_checkpoint(checkpoint);
+            w.sabotage
+        };
+        let mut written = checkpoint.clone();
+        if sabotage == Some(Sabotage::UnfencedWrites) {
+            written.owner = None;
+            written.epoch = None;
         }
-        let r = CheckpointStore::save(&self.memory, checkpoint).await;
+        let mut r = CheckpointStore::save(&self.memory, &written).await;
+        if sabotage == Some(Sabotage::ForgedEpoch) && is_fenced(&r) {
+            if let Some(l) = current_lease(&self.memory).await {
+                written.owner = Some(l.owner);
+                written.epoch = Some(l.epoch);
+                r = CheckpointStore::save(&self.memory, &written).await;
+            }
+        }
+        if sabotage == Some(Sabotage::UnfencedWrites) {
+            // Judged as the runtime sent it: the store just did not check the fence.
+            written.owner.clone_from(&checkpoint.owner);
+            written.epoch = checkpoint.epoch;
+        }
+        let current = current_lease(&self.memory).await;
         let mut w = self.world.lock();
         match &r {
-            Ok(()) => w.stats.checkpoints_saved += 1,
-            Err(e) => w.log(format!("checkpoint save failed: {e}")),
+            Ok(()) => w.on_checkpoint_accepted(self.inc, &written, current.as_ref()),
+            Err(e) if e.kind == StoreErrorKind::Fenced => {
+                w.stats.fenced_checkpoint_writes += 1;
+                w.on_fenced(self.inc, "checkpoint save", e);
+            }
+            Err(e) => {
+                let tag = w.tag(self.inc);
+                w.log(format!("{tag}checkpoint save failed: {e}"));
+            }
         }
         r
     }
@@ -629,18 +1234,39 @@ impl CheckpointStore for RecCheckpoints {
 pub(crate) struct RecDeadLetters {
     pub(crate) world: Arc<World>,
     pub(crate) memory: MemoryBackend,
+    pub(crate) inc: u32,
 }
 
 #[async_trait]
 impl DeadLetterStore for RecDeadLetters {
     async fn put(&self, record: &DeadLetterRecord) -> Result<PutOutcome, StoreError> {
-        let r = DeadLetterStore::put(&self.memory, record).await;
+        let sabotage = self.world.lock().sabotage;
+        let mut written = record.clone();
+        if sabotage == Some(Sabotage::UnfencedWrites) {
+            written.owner = None;
+            written.epoch = None;
+        }
+        let mut r = DeadLetterStore::put(&self.memory, &written).await;
+        if sabotage == Some(Sabotage::ForgedEpoch) && is_fenced(&r) {
+            if let Some(l) = current_lease(&self.memory).await {
+                written.owner = Some(l.owner);
+                written.epoch = Some(l.epoch);
+                r = DeadLetterStore::put(&self.memory, &written).await;
+            }
+        }
+        if sabotage == Some(Sabotage::UnfencedWrites) {
+            written.owner.clone_from(&record.owner);
+            written.epoch = record.epoch;
+        }
+        let current = current_lease(&self.memory).await;
         let mut w = self.world.lock();
+        let tag = w.tag(self.inc);
         let seq = token_seq(&record.token);
         match &r {
             Ok(_) => {
+                w.on_dead_letter_accepted(self.inc, &written, current.as_ref());
                 w.log(format!(
-                    "dead-lettered #{} ({}): {}",
+                    "{tag}dead-lettered #{} ({}): {}",
                     seq.unwrap_or(0),
                     record.error_kind,
                     record.error_chain.join(": ")
@@ -650,8 +1276,16 @@ impl DeadLetterStore for RecDeadLetters {
                     w.settle(seq, Settle::DeadLettered);
                 }
             }
+            Err(e) if e.kind == StoreErrorKind::Fenced => {
+                w.stats.fenced_dead_letter_writes += 1;
+                w.on_fenced(
+                    self.inc,
+                    &format!("dead letter for #{}", seq.unwrap_or(0)),
+                    e,
+                );
+            }
             Err(e) => w.log(format!(
-                "dead-letter put failed for #{}: {e}",
+                "{tag}dead-letter put failed for #{}: {e}",
                 seq.unwrap_or(0)
             )),
         }
@@ -672,5 +1306,107 @@ impl DeadLetterStore for RecDeadLetters {
 
     fn max_record_bytes(&self) -> usize {
         DeadLetterStore::max_record_bytes(&self.memory)
+    }
+}
+
+/// The in-memory lease store of one runtime: keeps the harness's lease mirror exact, cuts off
+/// identities (acquisitions fail too, as across a partition), and applies the lease sabotages.
+pub(crate) struct RecLeases {
+    pub(crate) world: Arc<World>,
+    pub(crate) memory: MemoryBackend,
+    pub(crate) inc: u32,
+}
+
+fn unreachable_lease_store() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Unavailable,
+        "lease store unreachable (simulated partition)",
+    )
+}
+
+#[async_trait]
+impl LeaseStore for RecLeases {
+    async fn try_acquire(
+        &self,
+        stream: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, StoreError> {
+        {
+            let w = self.world.lock();
+            if w.cut_off.contains(owner) {
+                return Err(unreachable_lease_store());
+            }
+            if w.sabotage == Some(Sabotage::NoTakeover)
+                && w.lease.as_ref().is_some_and(|l| l.owner != owner)
+            {
+                return Ok(None);
+            }
+        }
+        let r = LeaseStore::try_acquire(&self.memory, stream, owner, ttl).await;
+        if let Ok(Some(l)) = &r {
+            self.world.lock().on_acquire(self.inc, owner, l.epoch, ttl);
+        }
+        r
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Option<Lease>, StoreError> {
+        {
+            let w = self.world.lock();
+            if w.cut_off.contains(&lease.owner) {
+                return Err(unreachable_lease_store());
+            }
+            if w.sabotage == Some(Sabotage::LyingRenewals) && w.frozen.contains(&lease.owner) {
+                // A broken store: the renewal "succeeds" but the lease is not extended.
+                let mut fake = lease.clone();
+                fake.expires_at = bson::DateTime::from_millis(
+                    lease.expires_at.timestamp_millis() + ttl.as_millis() as i64,
+                );
+                return Ok(Some(fake));
+            }
+        }
+        let r = LeaseStore::renew(&self.memory, lease, ttl).await;
+        let mut w = self.world.lock();
+        let tag = w.tag(self.inc);
+        match &r {
+            Ok(Some(l)) => {
+                let now = Instant::now();
+                let renewed = w
+                    .lease
+                    .as_mut()
+                    .filter(|m| m.epoch == l.epoch && m.owner == l.owner)
+                    .map(|m| m.expires = now + ttl)
+                    .is_some();
+                if renewed {
+                    w.on_renewed(self.inc);
+                }
+            }
+            Ok(None) => w.log(format!("{tag}lease renewal: lost (epoch {})", lease.epoch)),
+            Err(e) => w.log(format!(
+                "{tag}lease renewal failed (epoch {}): {}",
+                lease.epoch, e.message
+            )),
+        }
+        r
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        let r = LeaseStore::release(&self.memory, lease).await;
+        let mut w = self.world.lock();
+        let tag = w.tag(self.inc);
+        if r.is_ok() {
+            let now = Instant::now();
+            if let Some(m) = w.lease.as_mut() {
+                if m.epoch == lease.epoch && m.owner == lease.owner && m.expires > now {
+                    m.expires = now;
+                }
+            }
+            w.log(format!("{tag}releases the lease (epoch {})", lease.epoch));
+        }
+        r
+    }
+
+    async fn current(&self, stream: &str) -> Result<Option<Lease>, StoreError> {
+        LeaseStore::current(&self.memory, stream).await
     }
 }

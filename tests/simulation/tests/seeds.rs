@@ -122,6 +122,7 @@ fn thousands_of_fault_schedules_hold_every_invariant() {
 fn the_classic_bug_is_found() {
     let opts = SimOptions {
         checkpoint_on_receipt: true,
+        ..SimOptions::default()
     };
     let found = (0..300u64).find_map(|seed| {
         let out = run_seed(seed, &opts).expect("runs");
@@ -143,6 +144,7 @@ fn the_classic_bug_is_found() {
 fn the_classic_bug_loses_data_after_a_crash() {
     let opts = SimOptions {
         checkpoint_on_receipt: true,
+        ..SimOptions::default()
     };
     let seed = (0..300u64).find(|seed| {
         run_seed(*seed, &opts)
@@ -181,6 +183,7 @@ fn replaying_a_seed_gives_the_same_trace() {
     }
     let bug = SimOptions {
         checkpoint_on_receipt: true,
+        ..SimOptions::default()
     };
     assert_eq!(
         run_seed(5, &bug).expect("runs").trace,
