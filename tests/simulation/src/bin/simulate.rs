@@ -1,10 +1,11 @@
-//! Long simulation runs: `simulate --seeds N --from SEED [--bug] [--threads T]`, or
-//! `simulate --replay SEED [--bug]` to print one seed's full trace.
+//! Long simulation runs: `simulate --seeds N --from SEED [--bug] [--sabotage NAME]
+//! [--threads T] [--multi-only]`; `simulate --replay SEED [--bug] [--sabotage NAME]` prints one
+//! seed's full trace; `simulate --shrink SEED [..]` prints its shrunk schedule and full trace.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
-use flowwarden_simulation::{run_seed, shrink, Schedule, SimOptions, Stats};
+use flowwarden_simulation::{run_seed, shrink, Sabotage, Schedule, SimOptions, Stats};
 
 /// A command-line argument that could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -13,8 +14,10 @@ enum ArgError {
     Missing(String),
     #[error("{flag}: '{value}' is not a number")]
     NotANumber { flag: String, value: String },
-    #[error("unknown argument '{0}' (use --seeds N --from SEED [--threads T] [--bug] | --replay SEED [--bug])")]
+    #[error("unknown argument '{0}' (use --seeds N --from SEED [--threads T] [--bug] [--sabotage NAME] [--multi-only] | --replay SEED [..] | --shrink SEED [..])")]
     Unknown(String),
+    #[error("unknown sabotage '{0}' (one of: unfenced-writes, forged-epoch, lying-renewals, no-takeover)")]
+    Sabotage(String),
 }
 
 struct Args {
@@ -22,6 +25,8 @@ struct Args {
     from: u64,
     threads: u64,
     replay: Option<u64>,
+    shrink: Option<u64>,
+    multi_only: bool,
     opts: SimOptions,
 }
 
@@ -31,6 +36,8 @@ fn parse() -> Result<Args, ArgError> {
         from: 0,
         threads: 1,
         replay: None,
+        shrink: None,
+        multi_only: false,
         opts: SimOptions::default(),
     };
     let mut it = std::env::args().skip(1);
@@ -47,7 +54,15 @@ fn parse() -> Result<Args, ArgError> {
             "--from" => a.from = num("--from")?,
             "--threads" => a.threads = num("--threads")?.max(1),
             "--replay" => a.replay = Some(num("--replay")?),
+            "--shrink" => a.shrink = Some(num("--shrink")?),
             "--bug" => a.opts.checkpoint_on_receipt = true,
+            "--multi-only" => a.multi_only = true,
+            "--sabotage" => {
+                let v = it
+                    .next()
+                    .ok_or_else(|| ArgError::Missing("--sabotage".into()))?;
+                a.opts.sabotage = Some(Sabotage::parse(&v).ok_or(ArgError::Sabotage(v))?);
+            }
             other => return Err(ArgError::Unknown(other.into())),
         }
     }
@@ -81,8 +96,32 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Some(seed) = args.shrink {
+        let schedule = Schedule::generate(seed);
+        return match shrink(&schedule, &args.opts, 300) {
+            Ok((small, out)) => {
+                println!(
+                    "seed {seed}, shrunk from {} to {} steps:\n{}",
+                    schedule.steps.len(),
+                    small.steps.len(),
+                    out.report(&small, 0)
+                );
+                println!("full trace:\n{}", out.trace_text());
+                if out.violations.is_empty() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+            Err(e) => {
+                eprintln!("simulate: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let started = Instant::now();
     let started = &started;
+    let multi_only = args.multi_only;
     let opts = args.opts;
     let threads = args.threads;
     let results: Vec<(Stats, Vec<u64>)> = std::thread::scope(|s| {
@@ -93,6 +132,10 @@ fn main() -> ExitCode {
                     let mut failing = Vec::new();
                     let mut seed = args.from + t;
                     while seed < args.from + args.seeds {
+                        if multi_only && !Schedule::generate(seed).is_multi_instance() {
+                            seed += threads;
+                            continue;
+                        }
                         match run_seed(seed, &opts) {
                             Ok(out) => {
                                 if !out.violations.is_empty() {
