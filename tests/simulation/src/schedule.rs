@@ -558,7 +558,7 @@ impl Schedule {
         settings.leader = Some(leader);
         // A deposed leader keeps its in-flight handler only while its stop waits for it: some
         // long shutdown timeouts, so that zombies outlive their lease.
-        settings.shutdown_timeout_ms = side.pick(&[500, 2_000, 10_000, 60_000]);
+        settings.shutdown_timeout_ms = side.pick(&[500, 10_000, 60_000, 60_000]);
         let lease_ms = lease_secs * 1_000;
         let poll_ms = leader.poll_secs * 1_000;
         let keys = settings.keys;
@@ -639,8 +639,8 @@ impl Schedule {
                     Step::CrashStandby
                 }
                 7 | 8 => {
-                    // Right after a write: a handler is often in flight.
-                    steps.push(Step::Advance(r.pick(&[0, 1, 10, 50])));
+                    // Right after a write: a handler is often in flight, or about to be.
+                    steps.push(Step::Advance(r.pick(&[0, 0, 1, 10, 50])));
                     if thaw_in.is_none() && r.chance(70) {
                         thaw_in = Some(r.range(1, 6));
                     }
