@@ -1,5 +1,6 @@
 //! The simulation in the normal test suite: thousands of seeded fault schedules on the real
-//! runtime, the proof that the checker catches the classic bug, and replay determinism.
+//! runtime (about 30% of them multi-instance, see `tests/leader.rs`), the proof that the
+//! checker catches the classic bug, and replay determinism.
 //!
 //! `SIM_SEEDS=N` and `SIM_FROM=S` change the range of the main test.
 
@@ -113,6 +114,27 @@ fn thousands_of_fault_schedules_hold_every_invariant() {
             "no collection drop"
         );
         assert!(stats.dead_letters > 0 && stats.redeliveries > 0 && stats.duplicate_successes > 0);
+        // Multi-instance schedules: leader faults, takeovers, and zombies actually fenced.
+        assert!(stats.multi_instance_seeds > count / 5, "{stats}");
+        for kind in [
+            "crash_leader",
+            "crash_standby",
+            "freeze_leader_renewals",
+            "cut_off_leader",
+            "thaw",
+            "zombie",
+        ] {
+            assert!(
+                stats.faults.get(kind).copied().unwrap_or(0) > 0,
+                "no `{kind}` fault injected"
+            );
+        }
+        assert!(stats.takeovers > 0, "no takeover: {stats}");
+        assert!(
+            stats.zombie_wakeups > 0 && stats.zombies_fenced > 0,
+            "no zombie woke deposed and was fenced: {stats}"
+        );
+        assert!(stats.fenced_checkpoint_writes > 0, "{stats}");
     }
 }
 
