@@ -240,6 +240,9 @@ pub struct Stats {
     pub zombie_wakeups: u64,
     /// Zombie runtimes that had a write rejected as fenced.
     pub zombies_fenced: u64,
+    /// Observations (steps, drain ticks) at which two or more runtimes reported `Running`: a
+    /// deposed leader finishing its in-flight event while the new one runs.
+    pub running_overlaps: u64,
     /// Violations found, by invariant number (the first 20 of a run are kept in detail).
     pub violations_by_invariant: BTreeMap<u8, u64>,
 }
@@ -274,6 +277,7 @@ impl Stats {
         self.fenced_dead_letter_writes += other.fenced_dead_letter_writes;
         self.zombie_wakeups += other.zombie_wakeups;
         self.zombies_fenced += other.zombies_fenced;
+        self.running_overlaps += other.running_overlaps;
         for (k, v) in &other.violations_by_invariant {
             *self.violations_by_invariant.entry(*k).or_default() += v;
         }
@@ -324,8 +328,8 @@ impl fmt::Display for Stats {
             )?;
             writeln!(
                 f,
-                "zombies:              {} woke deposed, {} runtimes fenced",
-                self.zombie_wakeups, self.zombies_fenced
+                "zombies:              {} woke deposed, {} runtimes fenced; {} observations with two runtimes Running",
+                self.zombie_wakeups, self.zombies_fenced, self.running_overlaps
             )?;
         }
         if !self.halts.is_empty() {

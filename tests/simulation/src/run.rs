@@ -462,6 +462,9 @@ impl Sim<'_> {
     }
 
     async fn step(&mut self, step: &Step) -> Result<(), SimError> {
+        if self.leader.is_some() {
+            self.sample_running();
+        }
         {
             let mut w = self.world.lock();
             if w.settings.leader.is_some() {
@@ -571,6 +574,31 @@ impl Sim<'_> {
                     None => self.log("no such instance"),
                 }
             }
+            Step::RestartStream { leader } => {
+                let holder = self.leader_slot();
+                let target = if *leader {
+                    holder
+                } else {
+                    (0..self.slots.len())
+                        .find(|i| Some(*i) != holder && self.slots[*i].runtime.is_some())
+                };
+                match target {
+                    Some(i) => {
+                        let standbys = self.standbys(Some(i));
+                        let inc = self.slots[i].inc;
+                        if let Some(rt) = &self.slots[i].runtime {
+                            let h = rt.handle();
+                            if let Err(e) = h.restart(STREAM).await {
+                                self.log(format!("restart of the stream failed: {e}"));
+                            }
+                        }
+                        if Some(i) == holder {
+                            self.expect_takeover("restart of the leader's stream", inc, standbys);
+                        }
+                    }
+                    None => self.log("no such instance"),
+                }
+            }
             Step::FreezeLeader { cut_off } => match self.leader_slot() {
                 Some(i) => {
                     let id = self.slots[i].id.clone();
@@ -610,6 +638,34 @@ impl Sim<'_> {
             _ => {}
         }
         Ok(())
+    }
+
+    /// Invariant 9, sampled: runtimes reporting `Running` at this instant. More than one is
+    /// possible (a deposed leader still waits for its in-flight handler, or flushes); at most
+    /// one of them may hold the live lease.
+    fn sample_running(&self) {
+        let running: Vec<u32> = (0..self.slots.len())
+            .filter(|i| {
+                self.status(*i)
+                    .is_some_and(|s| s.state == StreamState::Running)
+            })
+            .map(|i| self.slots[i].inc)
+            .collect();
+        if running.len() < 2 {
+            return;
+        }
+        let mut w = self.world.lock();
+        w.stats.running_overlaps += 1;
+        let leading: Vec<u32> = running.iter().copied().filter(|i| w.leads(*i)).collect();
+        w.log(format!(
+            "runtimes {running:?} report Running; {leading:?} hold the live lease"
+        ));
+        if leading.len() > 1 {
+            w.violate(
+                Invariant::OneConsumer,
+                format!("runtimes {leading:?} all report Running under the live lease"),
+            );
+        }
     }
 
     fn thaw_all(&self) {
@@ -681,6 +737,7 @@ impl Sim<'_> {
         'drain: loop {
             let multi = self.leader.is_some();
             if multi {
+                self.sample_running();
                 self.world.lock().check_takeovers();
             }
             if self.caught_up() && (!multi || self.leadership_settled()) {

@@ -201,6 +201,13 @@ pub enum Step {
         /// The lease holder, else a standby.
         leader: bool,
     },
+    /// Multi-instance: `RuntimeHandle::restart` of the stream (not the runtime) on the lease
+    /// holder or on a standby: the stream stops (the leader flushes and releases) and starts
+    /// again as a standby.
+    RestartStream {
+        /// The lease holder, else a standby.
+        leader: bool,
+    },
     /// Multi-instance: the lease holder's renewals fail (`freeze_lease_renewals`); it must
     /// stop before its lease expires. `cut_off`: its acquisitions fail too (a partition,
     /// injected by the harness's lease-store wrapper), so another instance takes over.
@@ -234,6 +241,7 @@ impl Step {
                 | Step::StartInstance { .. }
                 | Step::StopInstance { .. }
                 | Step::RestartInstance { .. }
+                | Step::RestartStream { .. }
         )
     }
 
@@ -322,6 +330,11 @@ impl fmt::Display for Step {
             Step::RestartInstance { leader } => write!(
                 f,
                 "graceful restart of {}",
+                if *leader { "the leader" } else { "a standby" }
+            ),
+            Step::RestartStream { leader } => write!(
+                f,
+                "restart the stream on {}",
                 if *leader { "the leader" } else { "a standby" }
             ),
             Step::FreezeLeader { cut_off } => write!(
@@ -613,11 +626,13 @@ impl Schedule {
             if fault_free {
                 if r.chance(8) {
                     let leader = r.chance(60);
-                    if down.is_empty() && r.chance(50) {
-                        steps.push(Step::StopInstance { leader });
-                        down.push(r.range(0, 3));
-                    } else {
-                        steps.push(Step::RestartInstance { leader });
+                    match r.below(3) {
+                        0 if down.is_empty() => {
+                            steps.push(Step::StopInstance { leader });
+                            down.push(r.range(0, 3));
+                        }
+                        1 => steps.push(Step::RestartStream { leader }),
+                        _ => steps.push(Step::RestartInstance { leader }),
                     }
                 }
                 continue;
@@ -625,9 +640,12 @@ impl Schedule {
             if !r.chance(fault_pct) {
                 continue;
             }
-            let fault = match r.below(20) {
+            let fault = match r.below(21) {
                 0 | 1 => Step::ReadErrors(r.range(1, 3) as usize),
                 2 => Step::CloseStreams,
+                20 => Step::RestartStream {
+                    leader: r.chance(60),
+                },
                 3..=5 => {
                     // Often while a handler is in flight.
                     steps.push(Step::Advance(r.pick(&[0, 1, 10, 50, 300])));
