@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use bson::{doc, Document};
 use flowwarden::dead_letter::{encoded_len, PutOutcome};
 use flowwarden::{
-    Checkpoint, CheckpointStore, DeadLetterQuery, DeadLetterRecord, DeadLetterStatus,
+    is_claim_only, Checkpoint, CheckpointStore, Fence, CLAIMED_AT, DeadLetterQuery, DeadLetterRecord, DeadLetterStatus,
     DeadLetterStore, StoreError, StoreErrorKind,
 };
 use futures::TryStreamExt;
@@ -116,6 +116,7 @@ impl CheckpointStore for MongoBackend {
             })?;
         match found {
             None => Ok(None),
+            Some(d) if is_claim_only(&d) => Ok(None),
             Some(d) => Checkpoint::from_document(&d)
                 .map(Some)
                 .map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e.to_string())),
@@ -152,6 +153,41 @@ impl CheckpointStore for MongoBackend {
             }
             Err(e) => Err(store_error(
                 &format!("writing the checkpoint of stream '{stream}'"),
+                &e,
+            )),
+        }
+    }
+
+    async fn claim(&self, key: &str, fence: &Fence) -> Result<(), StoreError> {
+        let filter = doc! {
+            "_id": key,
+            "$or": [ { "epoch": { "$exists": false } }, { "epoch": { "$lte": fence.epoch } } ],
+        };
+        // Sets only the fencing fields: a stored checkpoint keeps its positions; a missing one
+        // becomes a claim-only document, which loads as no checkpoint.
+        let update = doc! {
+            "$set": {
+                "owner": &fence.owner,
+                "epoch": fence.epoch,
+                CLAIMED_AT: bson::DateTime::now(),
+            }
+        };
+        match self
+            .checkpoints()
+            .update_one(filter, update)
+            .upsert(true)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if code_of(&e) == Some(DUPLICATE_KEY) => Err(StoreError::new(
+                StoreErrorKind::Fenced,
+                format!(
+                    "checkpoint of stream '{key}' is claimed with an epoch newer than {}",
+                    fence.epoch
+                ),
+            )),
+            Err(e) => Err(store_error(
+                &format!("claiming the checkpoint of stream '{key}'"),
                 &e,
             )),
         }
