@@ -7,8 +7,8 @@ use async_trait::async_trait;
 use bson::{doc, Document};
 use flowwarden::dead_letter::{encoded_len, PutOutcome};
 use flowwarden::{
-    is_claim_only, Checkpoint, CheckpointStore, Fence, CLAIMED_AT, DeadLetterQuery, DeadLetterRecord, DeadLetterStatus,
-    DeadLetterStore, StoreError, StoreErrorKind,
+    is_claim_only, Checkpoint, CheckpointStore, DeadLetterQuery, DeadLetterRecord,
+    DeadLetterStatus, DeadLetterStore, Fence, StoreError, StoreErrorKind, CLAIMED_AT,
 };
 use futures::TryStreamExt;
 use mongodb::error::{Error, ErrorKind, WriteFailure};

@@ -4,10 +4,10 @@ use async_trait::async_trait;
 
 use super::MemoryBackend;
 use crate::checkpoint::{is_claim_only, Checkpoint, CheckpointStore, CLAIMED_AT};
-use crate::lease::Fence;
 use crate::dead_letter::{
     encoded_len, DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadLetterStore, PutOutcome,
 };
+use crate::lease::Fence;
 use crate::store_error::{StoreError, StoreErrorKind};
 
 fn unavailable(what: &str) -> StoreError {
@@ -79,7 +79,10 @@ impl super::State {
     /// Rejects a write with `epoch` when the stored checkpoint of `key` was claimed or written
     /// with a newer one.
     fn check_checkpoint_epoch(&self, key: &str, epoch: i64) -> Result<(), StoreError> {
-        let stored = self.checkpoints.get(key).and_then(|d| d.get_i64("epoch").ok());
+        let stored = self
+            .checkpoints
+            .get(key)
+            .and_then(|d| d.get_i64("epoch").ok());
         match stored {
             Some(s) if s > epoch => Err(StoreError::new(
                 StoreErrorKind::Fenced,
