@@ -118,20 +118,13 @@ impl MongoBackend {
         owner: Option<&str>,
         epoch: i64,
     ) -> Result<(), StoreError> {
-        match LeaseStore::current(self, stream).await? {
-            Some(l) if l.epoch == epoch && owner.is_none_or(|o| o == l.owner) => Ok(()),
-            Some(l) => Err(StoreError::new(
-                StoreErrorKind::Fenced,
-                format!(
-                    "stream '{stream}' is now held by '{}' with epoch {}; this write carries epoch {epoch}",
-                    l.owner, l.epoch
-                ),
-            )),
-            None => Err(StoreError::new(
-                StoreErrorKind::Fenced,
-                format!("stream '{stream}' has no lease; this write carries epoch {epoch}"),
-            )),
-        }
+        let current = LeaseStore::current(self, stream).await?;
+        flowwarden::lease::check_fence(
+            stream,
+            current.as_ref().map(|l| (l.owner.as_str(), l.epoch)),
+            owner,
+            epoch,
+        )
     }
 }
 

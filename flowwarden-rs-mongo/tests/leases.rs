@@ -10,8 +10,8 @@ use bson::{doc, DateTime, Document};
 use common::*;
 use flowwarden::dead_letter::PutOutcome;
 use flowwarden::{
-    Checkpoint, CheckpointStore, DeadLetterRecord, DeadLetterStatus, DeadLetterStore, Fence,
-    LeaseStore, ResumeToken, StoreErrorKind, StoredPosition,
+    Checkpoint, CheckpointStore, DeadLetterRecord, DeadLetterStore, Fence, LeaseStore, ResumeToken,
+    StoreErrorKind, StoredPosition,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -165,24 +165,11 @@ async fn a_claim_fences_every_older_epoch_out_of_the_checkpoint() {
 }
 
 fn record(stream: &str, data: &str, owner: &str, epoch: i64) -> DeadLetterRecord {
-    let token = ResumeToken::from_document(doc! {"_data": data});
-    DeadLetterRecord {
-        id: DeadLetterRecord::id_for(stream, &token),
-        stream: stream.into(),
-        event: doc! {"_id": {"_data": data}, "operationType": "insert", "documentKey": {"_id": 1}},
-        truncated: false,
-        token,
-        operation_type: "insert".into(),
-        document_key: Some(doc! {"_id": 1}),
-        error_chain: vec!["boom".into()],
-        error_kind: "Failed".into(),
-        attempts: 1,
-        first_failed_at: DateTime::from_millis(1_000),
-        last_failed_at: DateTime::from_millis(1_000),
-        status: DeadLetterStatus::Pending,
-        owner: Some(owner.into()),
-        epoch: Some(epoch),
-    }
+    let mut r = dead_letter_record(stream, data, 1_000);
+    r.attempts = 1;
+    r.owner = Some(owner.into());
+    r.epoch = Some(epoch);
+    r
 }
 
 #[tokio::test]
