@@ -7,9 +7,9 @@
 //!   fragments, and a classification of every server error for the engine);
 //! - the checkpoint store on `_fw_checkpoints` (one document per stream, single conditional
 //!   writes fenced by epoch);
-//! - the dead-letter store on `_fw_dlq` (idempotent by record id);
-//! - the `_fw_locks` collection and its TTL index, ready for leader election
-//!   ([`LeaseDocument`]).
+//! - the dead-letter store on `_fw_dlq` (idempotent by record id, fenced by epoch);
+//! - the lease store of `SingleLeader` streams on `_fw_locks` ([`LeaseDocument`]), judged by
+//!   the server's clock.
 //!
 //! # Connecting
 //!
@@ -52,7 +52,7 @@ use tracing::{info, warn};
 pub use classify::{classify, classify_facts, ErrorClass, ErrorFacts};
 pub use lease::LeaseDocument;
 pub use source::{MongoCursor, SPLIT_STAGE};
-pub use stores::{DLQ_INDEX, LOCKS_TTL_INDEX, MAX_RECORD_BYTES};
+pub use stores::{DLQ_INDEX, MAX_RECORD_BYTES};
 
 /// Collection of the checkpoints (one document per stream).
 pub const CHECKPOINTS: &str = "_fw_checkpoints";
@@ -202,10 +202,8 @@ impl From<MongoBackend> for Backend {
             default_database: m.database.clone(),
             source: m.clone(),
             checkpoints: m.clone(),
-            dead_letters: Some(m),
-            // The `_fw_locks` lease store is not implemented yet: `SingleLeader` streams are
-            // refused at startup on MongoDB (see docs/deployment.md).
-            leases: None,
+            dead_letters: Some(m.clone()),
+            leases: Some(m),
         }
     }
 }

@@ -1,14 +1,12 @@
 //! The checkpoint store (`_fw_checkpoints`), the dead-letter store (`_fw_dlq`) and the indexes
 //! of the `_fw_` collections.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use bson::{doc, Document};
 use flowwarden::dead_letter::{encoded_len, PutOutcome};
 use flowwarden::{
-    Checkpoint, CheckpointStore, DeadLetterQuery, DeadLetterRecord, DeadLetterStatus,
-    DeadLetterStore, StoreError, StoreErrorKind,
+    is_claim_only, Checkpoint, CheckpointStore, DeadLetterQuery, DeadLetterRecord,
+    DeadLetterStatus, DeadLetterStore, Fence, StoreError, StoreErrorKind, CLAIMED_AT,
 };
 use futures::TryStreamExt;
 use mongodb::error::{Error, ErrorKind, WriteFailure};
@@ -16,17 +14,15 @@ use mongodb::options::IndexOptions;
 use mongodb::{Collection, Database, IndexModel};
 use tracing::{debug, warn};
 
-use crate::{MongoBackend, CHECKPOINTS, DEAD_LETTERS, LOCKS};
+use crate::{MongoBackend, CHECKPOINTS, DEAD_LETTERS};
 
 /// Name of the listing index of `_fw_dlq`.
 pub const DLQ_INDEX: &str = "stream_1_status_1_firstFailedAt_1";
-/// Name of the TTL index of `_fw_locks`.
-pub const LOCKS_TTL_INDEX: &str = "expiresAt_ttl";
 
 /// The largest dead-letter record stored: 16 MiB minus headroom for the command around it.
 pub const MAX_RECORD_BYTES: usize = 16 * 1024 * 1024 - 64 * 1024;
 
-const DUPLICATE_KEY: i32 = 11000;
+pub(crate) const DUPLICATE_KEY: i32 = 11000;
 
 /// Creates the indexes of the `_fw_` collections (idempotent).
 pub(crate) async fn create_indexes(db: &Database) -> Result<(), Error> {
@@ -38,19 +34,6 @@ pub(crate) async fn create_indexes(db: &Database) -> Result<(), Error> {
                 .build(),
         )
         .await?;
-    db.collection::<Document>(LOCKS)
-        .create_index(
-            IndexModel::builder()
-                .keys(doc! { "expiresAt": 1 })
-                .options(
-                    IndexOptions::builder()
-                        .name(LOCKS_TTL_INDEX.to_owned())
-                        .expire_after(Duration::ZERO)
-                        .build(),
-                )
-                .build(),
-        )
-        .await?;
     debug!(
         database = db.name(),
         "indexes of the _fw_ collections are in place"
@@ -59,7 +42,7 @@ pub(crate) async fn create_indexes(db: &Database) -> Result<(), Error> {
 }
 
 /// The code of a server or write error.
-fn code_of(e: &Error) -> Option<i32> {
+pub(crate) fn code_of(e: &Error) -> Option<i32> {
     match e.kind.as_ref() {
         ErrorKind::Command(c) => Some(c.code),
         ErrorKind::Write(WriteFailure::WriteError(w)) => Some(w.code),
@@ -70,7 +53,7 @@ fn code_of(e: &Error) -> Option<i32> {
 
 /// A driver error as a store error: too large, unauthorized (`Other`), else `Unavailable`
 /// (network, server selection, step-down, timeouts: try again later).
-fn store_error(what: &str, e: &Error) -> StoreError {
+pub(crate) fn store_error(what: &str, e: &Error) -> StoreError {
     let kind = match (code_of(e), e.kind.as_ref()) {
         (Some(10334 | 17419 | 17420), _) => StoreErrorKind::TooLarge,
         (Some(13), _) => StoreErrorKind::Other,
@@ -116,6 +99,7 @@ impl CheckpointStore for MongoBackend {
             })?;
         match found {
             None => Ok(None),
+            Some(d) if is_claim_only(&d) => Ok(None),
             Some(d) => Checkpoint::from_document(&d)
                 .map(Some)
                 .map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e.to_string())),
@@ -156,6 +140,41 @@ impl CheckpointStore for MongoBackend {
             )),
         }
     }
+
+    async fn claim(&self, key: &str, fence: &Fence) -> Result<(), StoreError> {
+        let filter = doc! {
+            "_id": key,
+            "$or": [ { "epoch": { "$exists": false } }, { "epoch": { "$lte": fence.epoch } } ],
+        };
+        // Sets only the fencing fields: a stored checkpoint keeps its positions; a missing one
+        // becomes a claim-only document, which loads as no checkpoint.
+        let update = doc! {
+            "$set": {
+                "owner": &fence.owner,
+                "epoch": fence.epoch,
+                CLAIMED_AT: bson::DateTime::now(),
+            }
+        };
+        match self
+            .checkpoints()
+            .update_one(filter, update)
+            .upsert(true)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if code_of(&e) == Some(DUPLICATE_KEY) => Err(StoreError::new(
+                StoreErrorKind::Fenced,
+                format!(
+                    "checkpoint of stream '{key}' is claimed with an epoch newer than {}",
+                    fence.epoch
+                ),
+            )),
+            Err(e) => Err(store_error(
+                &format!("claiming the checkpoint of stream '{key}'"),
+                &e,
+            )),
+        }
+    }
 }
 
 #[async_trait]
@@ -173,23 +192,69 @@ impl DeadLetterStore for MongoBackend {
             ));
         }
         let coll = self.dlq().await?;
+        // Fenced by the lease's epoch before and after the insert: a leader deposed before the
+        // write is refused; one deposed during it removes what it wrote (see
+        // docs/deployment.md, "Fencing on MongoDB").
+        if let Some(epoch) = record.epoch {
+            self.check_fence(&record.stream, record.owner.as_deref(), epoch)
+                .await?;
+        }
         match coll.insert_one(doc).await {
-            Ok(_) => Ok(PutOutcome::Inserted),
+            Ok(_) => {
+                if let Some(epoch) = record.epoch {
+                    if let Err(e) = self
+                        .check_fence(&record.stream, record.owner.as_deref(), epoch)
+                        .await
+                    {
+                        if e.kind == StoreErrorKind::Fenced {
+                            // Only while it is still ours: a newer leader that merged its own
+                            // failure into it has set its epoch, and keeps the record.
+                            let _ = coll
+                                .delete_one(doc! { "_id": &record.id, "epoch": epoch })
+                                .await;
+                        }
+                        return Err(e);
+                    }
+                }
+                Ok(PutOutcome::Inserted)
+            }
             Err(e) if code_of(&e) == Some(DUPLICATE_KEY) => {
+                let mut set = doc! {
+                    "lastFailedAt": record.last_failed_at,
+                    "errorChain": record.error_chain.clone(),
+                    "errorKind": &record.error_kind,
+                    "status": DeadLetterStatus::Pending.as_str(),
+                };
+                let mut filter = doc! { "_id": &record.id };
+                if let Some(epoch) = record.epoch {
+                    // Never merged into a record a newer leader wrote.
+                    filter.insert(
+                        "$or",
+                        vec![
+                            doc! { "epoch": { "$exists": false } },
+                            doc! { "epoch": { "$lte": epoch } },
+                        ],
+                    );
+                    set.insert("epoch", epoch);
+                    set.insert("owner", record.owner.clone());
+                }
                 let update = doc! {
                     "$inc": { "attempts": i64::from(record.attempts) },
-                    "$set": {
-                        "lastFailedAt": record.last_failed_at,
-                        "errorChain": record.error_chain.clone(),
-                        "errorKind": &record.error_kind,
-                        "status": DeadLetterStatus::Pending.as_str(),
-                    },
+                    "$set": set,
                 };
-                coll.update_one(doc! { "_id": &record.id }, update)
-                    .await
-                    .map_err(|e| {
-                        store_error(&format!("updating dead-letter record '{}'", record.id), &e)
-                    })?;
+                let r = coll.update_one(filter, update).await.map_err(|e| {
+                    store_error(&format!("updating dead-letter record '{}'", record.id), &e)
+                })?;
+                if r.matched_count == 0 && record.epoch.is_some() {
+                    return Err(StoreError::new(
+                        StoreErrorKind::Fenced,
+                        format!(
+                            "dead-letter record '{}' was written by a newer leader than epoch {}",
+                            record.id,
+                            record.epoch.unwrap_or_default()
+                        ),
+                    ));
+                }
                 Ok(PutOutcome::AlreadyPresent)
             }
             Err(e) => {

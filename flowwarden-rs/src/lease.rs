@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::DateTime;
 
-use crate::store_error::StoreError;
+use crate::store_error::{StoreError, StoreErrorKind};
 
 /// A held lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +29,30 @@ pub struct Fence {
     pub owner: String,
     /// Its lease epoch.
     pub epoch: i64,
+}
+
+/// The fencing rule every store applies: a write of `stream` carrying `epoch` (and, when given,
+/// `owner`) is accepted only while it is the epoch (and owner) of the stream's lease now,
+/// `current`; otherwise it is a [`StoreErrorKind::Fenced`] error that says who holds it.
+pub fn check_fence(
+    stream: &str,
+    current: Option<(&str, i64)>,
+    owner: Option<&str>,
+    epoch: i64,
+) -> Result<(), StoreError> {
+    match current {
+        Some((holder, held)) if held == epoch && owner.is_none_or(|o| o == holder) => Ok(()),
+        Some((holder, held)) => Err(StoreError::new(
+            StoreErrorKind::Fenced,
+            format!(
+                "stream '{stream}' is now held by '{holder}' with epoch {held}; this write carries epoch {epoch}"
+            ),
+        )),
+        None => Err(StoreError::new(
+            StoreErrorKind::Fenced,
+            format!("stream '{stream}' has no lease; this write carries epoch {epoch}"),
+        )),
+    }
 }
 
 /// Where leases live (`_fw_locks` on MongoDB).

@@ -69,7 +69,7 @@ pub mod store_error;
 pub mod __private;
 
 pub use backend::Backend;
-pub use checkpoint::{Checkpoint, CheckpointStore, StoredPosition};
+pub use checkpoint::{is_claim_only, Checkpoint, CheckpointStore, StoredPosition, CLAIMED_AT};
 pub use context::{ChangeContext, DecodeError, EventId};
 pub use dead_letter::{DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadLetterStore};
 pub use definition::{

@@ -3,8 +3,12 @@
 
 use std::time::Duration;
 
+use bson::DateTime;
 use bson::Document;
-use flowwarden::{ChangeCursor, SourceError, SourceItem, WatchSpec};
+use flowwarden::{
+    ChangeCursor, DeadLetterRecord, DeadLetterStatus, ResumeToken, SourceError, SourceItem,
+    WatchSpec,
+};
 use flowwarden_rs_mongo::MongoBackend;
 use mongo_emulator::Emulator;
 
@@ -98,5 +102,27 @@ impl OpenErr for Result<Box<dyn ChangeCursor>, SourceError> {
             Ok(_) => panic!("{what}: the open succeeded"),
             Err(e) => e,
         }
+    }
+}
+
+/// A pending dead letter of `stream` for the event with token `_data` = `data`, unfenced.
+pub fn dead_letter_record(stream: &str, data: &str, first_ms: i64) -> DeadLetterRecord {
+    let token = ResumeToken::from_document(bson::doc! {"_data": data});
+    DeadLetterRecord {
+        id: DeadLetterRecord::id_for(stream, &token),
+        stream: stream.into(),
+        event: bson::doc! {"_id": {"_data": data}, "operationType": "insert", "documentKey": {"_id": 1}},
+        truncated: false,
+        token,
+        operation_type: "insert".into(),
+        document_key: Some(bson::doc! {"_id": 1}),
+        error_chain: vec!["boom".into()],
+        error_kind: "Failed".into(),
+        attempts: 3,
+        first_failed_at: DateTime::from_millis(first_ms),
+        last_failed_at: DateTime::from_millis(first_ms),
+        status: DeadLetterStatus::Pending,
+        owner: None,
+        epoch: None,
     }
 }

@@ -40,6 +40,8 @@ pub struct Target {
     pub backend: MongoBackend,
     /// The database (unique per run on a live server).
     pub db: String,
+    /// The connection string the backend was made from.
+    pub uri: String,
 }
 
 static RUN: AtomicU64 = AtomicU64::new(0);
@@ -50,13 +52,13 @@ impl Target {
         init_logs();
         let emu = Emulator::start().await.expect("emulator starts");
         let db = "fwe2e".to_owned();
-        let backend = MongoBackend::connect(&emu.uri(), &db)
-            .await
-            .expect("connects");
+        let uri = emu.uri();
+        let backend = MongoBackend::connect(&uri, &db).await.expect("connects");
         Target {
             emu: Some(emu),
             backend,
             db,
+            uri,
         }
     }
 
@@ -72,6 +74,7 @@ impl Target {
             emu: Some(emu),
             backend,
             db,
+            uri,
         }
     }
 
@@ -103,7 +106,16 @@ impl Target {
             emu: None,
             backend,
             db,
+            uri: uri.trim().to_owned(),
         })
+    }
+
+    /// Another backend on the same server and database, with its own client (connection pool
+    /// and monitoring), as a second instance of a service has.
+    pub async fn another_backend(&self) -> MongoBackend {
+        MongoBackend::connect(&self.uri, &self.db)
+            .await
+            .expect("second client connects")
     }
 
     /// Prints why a scenario does not run on a live server.

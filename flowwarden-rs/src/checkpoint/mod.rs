@@ -5,6 +5,6 @@ mod model;
 mod store;
 mod tracker;
 
-pub use model::{Checkpoint, CheckpointParseError, StoredPosition};
+pub use model::{is_claim_only, Checkpoint, CheckpointParseError, StoredPosition, CLAIMED_AT};
 pub use store::CheckpointStore;
 pub(crate) use tracker::{Settlement, Tracker};

@@ -53,6 +53,19 @@ pub struct CheckpointParseError {
 
 const FORMAT_VERSION: i32 = 1;
 
+/// Field a leader's claim sets on the checkpoint document (see
+/// [`crate::CheckpointStore::claim`]).
+pub const CLAIMED_AT: &str = "claimedAt";
+
+/// Whether a stored checkpoint document records only a leader's claim (`_id`, `owner`,
+/// `epoch`, `claimedAt`) and no position yet: such a document loads as no checkpoint.
+pub fn is_claim_only(doc: &Document) -> bool {
+    doc.contains_key(CLAIMED_AT)
+        && doc
+            .keys()
+            .all(|k| matches!(k.as_str(), "_id" | "owner" | "epoch" | CLAIMED_AT))
+}
+
 impl Checkpoint {
     /// The document stored for this checkpoint.
     pub fn to_document(&self) -> Document {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::{ErasedStream, StreamEnv, StreamExit};
 use crate::definition::LeaseConfig;
@@ -41,6 +41,11 @@ pub(crate) async fn run_single_leader(
         let lease = match leases.try_acquire(name, &owner, cfg.lease()).await {
             Ok(Some(lease)) => lease,
             Ok(None) => {
+                wait_or_stop(&mut external_stop, cfg.standby_poll()).await;
+                continue;
+            }
+            Err(e) if e.kind == crate::StoreErrorKind::Corrupt => {
+                error!(stream = name, error = %e, "the stream's lease cannot be read; standing by until it is fixed (docs/runbooks/fenced.md)");
                 wait_or_stop(&mut external_stop, cfg.standby_poll()).await;
                 continue;
             }

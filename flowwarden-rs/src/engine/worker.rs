@@ -227,6 +227,7 @@ impl<H: StreamHandler> Worker<H> {
     }
 
     async fn load_checkpoint(&mut self) -> Result<Option<Checkpoint>, StreamExit> {
+        self.claim_checkpoint().await?;
         let name = self.def.name;
         loop {
             match self.env.checkpoints.load(&self.env.checkpoint_key).await {
@@ -238,6 +239,38 @@ impl<H: StreamHandler> Worker<H> {
                             "stream '{name}' cannot start: {}; it was not reset",
                             e.message
                         ),
+                    )));
+                }
+                Err(e) => {
+                    let err = SourceError::new(
+                        SourceErrorKind::Resumable,
+                        format!("checkpoint store unavailable: {}", e.message),
+                    );
+                    self.backoff(&err).await?;
+                }
+            }
+        }
+    }
+
+    /// A leader claims the checkpoint before it reads it: from then on the store rejects the
+    /// writes of any older epoch, so what it loads cannot be moved by a deposed leader.
+    async fn claim_checkpoint(&mut self) -> Result<(), StreamExit> {
+        let Some(fence) = self.env.fence.clone() else {
+            return Ok(());
+        };
+        let name = self.def.name;
+        loop {
+            match self
+                .env
+                .checkpoints
+                .claim(&self.env.checkpoint_key, &fence)
+                .await
+            {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind == StoreErrorKind::Fenced => {
+                    return Err(StreamExit::Halted(halt(
+                        HaltReason::Fenced,
+                        format!("stream '{name}': checkpoint claim rejected: {}", e.message),
                     )));
                 }
                 Err(e) => {

@@ -2,17 +2,19 @@
 
 use std::cmp::Ordering;
 
-use bson::{Bson, Document};
+use bson::{Bson, DateTime, Document};
 
 use super::compare::{bson_equal, compare_bson, type_bracket};
+use super::expression::Expression;
 use super::{array_index, MatchError};
 
 /// A parsed MongoDB query filter.
 ///
 /// Supported: implicit equality, `$eq`, `$ne`, `$in`, `$nin`, `$lt`, `$lte`, `$gt`, `$gte`,
-/// `$exists`, `$not`, `$size`, `$and`, `$or`, `$nor` and `$comment` (ignored), on dotted paths
-/// that go through sub-documents and arrays of sub-documents. Every other operator is refused
-/// by [`Filter::parse`] with [`MatchError::UnknownOperator`].
+/// `$exists`, `$not`, `$size`, `$and`, `$or`, `$nor`, `$comment` (ignored) and `$expr` (with the
+/// aggregation expressions of [`Expression`]), on dotted paths that go through sub-documents and
+/// arrays of sub-documents. Every other operator is refused by [`Filter::parse`] with
+/// [`MatchError::UnknownOperator`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Filter {
     root: Expr,
@@ -24,6 +26,7 @@ enum Expr {
     Or(Vec<Expr>),
     Nor(Vec<Expr>),
     Field(String, Vec<Cond>),
+    Aggregate(Expression),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -61,9 +64,14 @@ impl Filter {
         }
     }
 
-    /// Whether `doc` satisfies the filter.
+    /// Whether `doc` satisfies the filter, with the current time as `$$NOW`.
     pub fn matches(&self, doc: &Document) -> bool {
-        eval(&self.root, doc)
+        self.matches_at(doc, DateTime::now())
+    }
+
+    /// Whether `doc` satisfies the filter, with `now` as `$$NOW` (a server with its own clock).
+    pub fn matches_at(&self, doc: &Document, now: DateTime) -> bool {
+        eval(&self.root, doc, now)
     }
 
     /// The fields an upsert seeds a new document with: top-level equality conditions
@@ -86,7 +94,7 @@ fn seed(expr: &Expr, out: &mut Document) {
                 }
             }
         }
-        Expr::Or(_) | Expr::Nor(_) => {}
+        Expr::Or(_) | Expr::Nor(_) | Expr::Aggregate(_) => {}
     }
 }
 
@@ -120,6 +128,7 @@ fn parse_clauses(filter: &Document) -> Result<Vec<Expr>, MatchError> {
                 });
             }
             "$comment" => {}
+            "$expr" => out.push(Expr::Aggregate(Expression::parse(value)?)),
             k if k.starts_with('$') => return Err(MatchError::UnknownOperator(k.to_string())),
             _ => out.push(Expr::Field(key.clone(), parse_conditions(value)?)),
         }
@@ -200,11 +209,12 @@ fn truthy(value: &Bson) -> bool {
     }
 }
 
-fn eval(expr: &Expr, doc: &Document) -> bool {
+fn eval(expr: &Expr, doc: &Document, now: DateTime) -> bool {
     match expr {
-        Expr::And(items) => items.iter().all(|e| eval(e, doc)),
-        Expr::Or(items) => items.iter().any(|e| eval(e, doc)),
-        Expr::Nor(items) => !items.iter().any(|e| eval(e, doc)),
+        Expr::And(items) => items.iter().all(|e| eval(e, doc, now)),
+        Expr::Or(items) => items.iter().any(|e| eval(e, doc, now)),
+        Expr::Nor(items) => !items.iter().any(|e| eval(e, doc, now)),
+        Expr::Aggregate(e) => e.is_true(doc, now),
         Expr::Field(path, conds) => {
             let mut values = Vec::new();
             collect(doc, path, &mut values);
@@ -428,5 +438,15 @@ mod tests {
             Filter::parse(&doc! {"a": 1, "b": {"$gt": 2}, "$and": [{"c.d": "x"}], "e": {"$eq": 3}})
                 .expect("parses");
         assert_eq!(f.equality_seed(), doc! {"a": 1, "c": {"d": "x"}, "e": 3});
+    }
+
+    #[test]
+    fn expr_compares_fields_with_the_given_now() {
+        let f = Filter::parse(&doc! {"_id": "s", "$expr": {"$lte": ["$exp", "$$NOW"]}}).unwrap();
+        let d = doc! {"_id": "s", "exp": DateTime::from_millis(10)};
+        assert!(!f.matches_at(&d, DateTime::from_millis(9)));
+        assert!(f.matches_at(&d, DateTime::from_millis(10)));
+        assert_eq!(f.equality_seed(), doc! {"_id": "s"}, "$expr seeds nothing");
+        assert!(Filter::parse(&doc! {"$expr": {"$function": {}}}).is_err());
     }
 }

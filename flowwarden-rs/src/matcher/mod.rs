@@ -7,6 +7,7 @@
 //! silently ignored.
 
 mod compare;
+pub mod expression;
 mod filter;
 pub mod pipeline;
 mod projection;

@@ -1,16 +1,17 @@
 //! The aggregation stages a change stream accepts after `$changeStream` ("Modify Change Stream
 //! Output" in the MongoDB manual), evaluated on one change event at a time.
 
-use bson::{Bson, Document};
+use bson::{Bson, DateTime, Document};
 
+use super::expression::Expression;
 use super::update::{set_path, unset_path};
-use super::{get_path, Filter, MatchError, Projection};
+use super::{Filter, MatchError, Projection};
 
 /// A parsed change-stream pipeline (the stages after `$changeStream`).
 ///
 /// Supported stages: `$match`, `$project` (inclusion/exclusion, plus computed fields in an
-/// inclusion projection), `$addFields` / `$set` (literal values, `{$literal: v}`, `"$path"`
-/// references and nested documents of those), `$unset`, and `$changeStreamSplitLargeEvent`
+/// inclusion projection), `$addFields` / `$set` (with the aggregation expressions of
+/// [`Expression`]), `$unset`, and `$changeStreamSplitLargeEvent`
 /// as the last stage (reported by [`EventPipeline::splits_large_events`]; splitting is the
 /// caller's business). Any other stage is refused with [`MatchError::UnknownStage`].
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -23,17 +24,9 @@ pub struct EventPipeline {
 enum Stage {
     Match(Filter),
     Project(Projection),
-    ProjectComputed(Vec<(String, Expr)>, bool),
-    AddFields(Vec<(String, Expr)>),
+    ProjectComputed(Vec<(String, Expression)>, bool),
+    AddFields(Vec<(String, Expression)>),
     Unset(Vec<String>),
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum Expr {
-    Literal(Bson),
-    Path(String),
-    Object(Vec<(String, Expr)>),
-    Array(Vec<Expr>),
 }
 
 impl EventPipeline {
@@ -108,13 +101,23 @@ impl EventPipeline {
         self.stages.is_empty()
     }
 
+    /// Whether the pipeline has a `$match` stage (an update pipeline may not).
+    pub fn has_match(&self) -> bool {
+        self.stages.iter().any(|s| matches!(s, Stage::Match(_)))
+    }
+
     /// Runs the stages on one event; `None` when a `$match` rejects it.
     pub fn apply(&self, event: Document) -> Option<Document> {
+        self.apply_at(event, DateTime::now())
+    }
+
+    /// [`EventPipeline::apply`] with `now` as `$$NOW`.
+    pub fn apply_at(&self, event: Document, now: DateTime) -> Option<Document> {
         let mut event = event;
         for stage in &self.stages {
             event = match stage {
                 Stage::Match(f) => {
-                    if !f.matches(&event) {
+                    if !f.matches_at(&event, now) {
                         return None;
                     }
                     event
@@ -128,7 +131,7 @@ impl EventPipeline {
                         }
                     }
                     for (path, expr) in fields {
-                        if let Some(v) = eval(expr, &event) {
+                        if let Some(v) = expr.eval(&event, now) {
                             let _ = set_path(&mut out, path, v);
                         }
                     }
@@ -137,7 +140,7 @@ impl EventPipeline {
                 Stage::AddFields(fields) => {
                     let snapshot = event.clone();
                     for (path, expr) in fields {
-                        match eval(expr, &snapshot) {
+                        match expr.eval(&snapshot, now) {
                             Some(v) => {
                                 let _ = set_path(&mut event, path, v);
                             }
@@ -189,57 +192,17 @@ fn parse_project(spec: &Document) -> Result<Stage, MatchError> {
                     "inclusion",
                 ))
             }
-            Some(true) => fields.push((key.clone(), Expr::Path(key.clone()))),
-            None => fields.push((key.clone(), parse_expr(value)?)),
+            Some(true) => fields.push((key.clone(), Expression::field(key))),
+            None => fields.push((key.clone(), Expression::parse(value)?)),
         }
     }
     Ok(Stage::ProjectComputed(fields, include_id))
 }
 
-fn parse_fields(spec: &Document) -> Result<Vec<(String, Expr)>, MatchError> {
+fn parse_fields(spec: &Document) -> Result<Vec<(String, Expression)>, MatchError> {
     spec.iter()
-        .map(|(k, v)| Ok((k.clone(), parse_expr(v)?)))
+        .map(|(k, v)| Ok((k.clone(), Expression::parse(v)?)))
         .collect()
-}
-
-fn parse_expr(value: &Bson) -> Result<Expr, MatchError> {
-    Ok(match value {
-        Bson::String(s) if s.starts_with("$$") => {
-            return Err(MatchError::UnknownExpression(s.clone()))
-        }
-        Bson::String(s) if s.starts_with('$') => Expr::Path(s[1..].to_string()),
-        Bson::Document(d) => match d.keys().next() {
-            Some(k) if k == "$literal" && d.len() == 1 => {
-                Expr::Literal(d.get("$literal").cloned().unwrap_or(Bson::Null))
-            }
-            Some(k) if k.starts_with('$') => return Err(MatchError::UnknownExpression(k.clone())),
-            _ => Expr::Object(parse_fields(d)?),
-        },
-        Bson::Array(items) => Expr::Array(items.iter().map(parse_expr).collect::<Result<_, _>>()?),
-        other => Expr::Literal(other.clone()),
-    })
-}
-
-fn eval(expr: &Expr, event: &Document) -> Option<Bson> {
-    match expr {
-        Expr::Literal(v) => Some(v.clone()),
-        Expr::Path(p) => get_path(event, p).cloned(),
-        Expr::Object(fields) => {
-            let mut out = Document::new();
-            for (k, e) in fields {
-                if let Some(v) = eval(e, event) {
-                    out.insert(k.clone(), v);
-                }
-            }
-            Some(Bson::Document(out))
-        }
-        Expr::Array(items) => Some(Bson::Array(
-            items
-                .iter()
-                .map(|e| eval(e, event).unwrap_or(Bson::Null))
-                .collect(),
-        )),
-    }
 }
 
 #[cfg(test)]

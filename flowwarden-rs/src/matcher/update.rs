@@ -1,11 +1,12 @@
 //! Update operators ("Update Operators" in the MongoDB manual): `$set`, `$setOnInsert`,
-//! `$unset`, `$inc`, `$max`, `$min`, and replacement documents.
+//! `$unset`, `$inc`, `$max`, `$min`, replacement documents, and pipeline-style updates.
 
 use std::cmp::Ordering;
 
-use bson::{Bson, Document};
+use bson::{Bson, DateTime, Document};
 
 use super::compare::{bson_equal, compare_bson};
+use super::pipeline::EventPipeline;
 use super::{array_index, MatchError};
 
 /// What an update changed, in the shape of a change event's `updateDescription`.
@@ -330,6 +331,46 @@ fn unset_in_value(target: &mut Bson, path: &str) -> bool {
     }
 }
 
+/// Applies a pipeline-style update (an array of `$set` / `$addFields`, `$unset` and `$project`
+/// stages, whose values are aggregation expressions evaluated with `now` as `$$NOW`) to `doc` in
+/// place. The changes are reported per top-level field, as the server reports a pipeline
+/// update that rewrites a field. Refuses a stage an update may not use and any change to
+/// `_id`; on error `doc` is left unchanged.
+pub fn apply_pipeline_update(
+    doc: &mut Document,
+    stages: &[Document],
+    now: DateTime,
+) -> Result<UpdateChanges, MatchError> {
+    let pipeline = EventPipeline::parse(stages)?;
+    if pipeline.has_match() || pipeline.splits_large_events() {
+        return Err(MatchError::BadValue {
+            op: "update".into(),
+            message: "an update pipeline may only use $set, $addFields, $unset and $project".into(),
+        });
+    }
+    let new = pipeline
+        .apply_at(doc.clone(), now)
+        .unwrap_or_else(|| doc.clone());
+    if let Some(id) = doc.get("_id") {
+        if !new.get("_id").is_some_and(|n| bson_equal(n, id)) {
+            return Err(MatchError::ImmutableField("_id".into()));
+        }
+    }
+    let mut changes = UpdateChanges::default();
+    for (k, v) in &new {
+        if !doc.get(k).is_some_and(|old| old == v) {
+            changes.updated_fields.insert(k.clone(), v.clone());
+        }
+    }
+    for k in doc.keys() {
+        if !new.contains_key(k) {
+            changes.removed_fields.push(k.clone());
+        }
+    }
+    *doc = new;
+    Ok(changes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -452,5 +493,40 @@ mod tests {
         let mut d = doc! {"_id": 1};
         assert!(apply_update(&mut d, &doc! {"_id": 2, "b": 1}, false).is_err());
         assert!(validate_replacement(&doc! {"a": 1, "$set": {}}).is_err());
+    }
+
+    #[test]
+    fn pipeline_updates_use_expressions_and_report_changes() {
+        let mut d = doc! { "_id": "s", "owner": "a", "epoch": 3_i64, "gone": 1 };
+        let stages = vec![
+            doc! { "$set": {
+                "owner": "b",
+                "epoch": { "$add": [ { "$ifNull": ["$epoch", 0] }, 1 ] },
+                "expiresAt": { "$add": ["$$NOW", 30_000] },
+            } },
+            doc! { "$unset": "gone" },
+        ];
+        let changes = apply_pipeline_update(&mut d, &stages, DateTime::from_millis(1_000)).unwrap();
+        assert_eq!(
+            d,
+            doc! { "_id": "s", "owner": "b", "epoch": 4_i64, "expiresAt": DateTime::from_millis(31_000) }
+        );
+        assert_eq!(changes.removed_fields, vec!["gone".to_string()]);
+        assert_eq!(changes.updated_fields.len(), 3);
+        // An upsert starts from the filter's seed, where `$epoch` is missing.
+        let mut seed = doc! { "_id": "t" };
+        apply_pipeline_update(&mut seed, &stages[..1], DateTime::from_millis(0)).unwrap();
+        assert_eq!(seed.get("epoch"), Some(&Bson::Int32(1)));
+
+        let before = d.clone();
+        let err = apply_pipeline_update(
+            &mut d,
+            &[doc! {"$set": {"_id": "x"}}],
+            DateTime::from_millis(0),
+        );
+        assert_eq!(err, Err(MatchError::ImmutableField("_id".into())));
+        let err = apply_pipeline_update(&mut d, &[doc! {"$match": {}}], DateTime::from_millis(0));
+        assert!(err.is_err());
+        assert_eq!(d, before, "a refused update changes nothing");
     }
 }

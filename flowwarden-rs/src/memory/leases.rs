@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::{MemoryBackend, State};
-use crate::lease::{Lease, LeaseStore};
+use crate::lease::{check_fence, Lease, LeaseStore};
 use crate::store_error::{StoreError, StoreErrorKind};
 
 #[derive(Debug, Clone)]
@@ -41,17 +41,8 @@ impl State {
         epoch: Option<i64>,
     ) -> Result<(), StoreError> {
         let Some(epoch) = epoch else { return Ok(()) };
-        match self.leases.get(stream) {
-            Some(l) if l.epoch == epoch && owner.is_none_or(|o| o == l.owner) => Ok(()),
-            Some(l) => Err(StoreError::new(
-                StoreErrorKind::Fenced,
-                format!("stream '{stream}' is now held by '{}' with epoch {}; this write carries epoch {epoch}", l.owner, l.epoch),
-            )),
-            None => Err(StoreError::new(
-                StoreErrorKind::Fenced,
-                format!("stream '{stream}' has no lease; this write carries epoch {epoch}"),
-            )),
-        }
+        let current = self.leases.get(stream).map(|l| (l.owner.as_str(), l.epoch));
+        check_fence(stream, current, owner, epoch)
     }
 }
 

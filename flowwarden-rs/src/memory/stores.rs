@@ -3,10 +3,11 @@
 use async_trait::async_trait;
 
 use super::MemoryBackend;
-use crate::checkpoint::{Checkpoint, CheckpointStore};
+use crate::checkpoint::{is_claim_only, Checkpoint, CheckpointStore, CLAIMED_AT};
 use crate::dead_letter::{
     encoded_len, DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadLetterStore, PutOutcome,
 };
+use crate::lease::Fence;
 use crate::store_error::{StoreError, StoreErrorKind};
 
 fn unavailable(what: &str) -> StoreError {
@@ -29,6 +30,7 @@ impl CheckpointStore for MemoryBackend {
         };
         match doc {
             None => Ok(None),
+            Some(d) if is_claim_only(&d) => Ok(None),
             Some(d) => Checkpoint::from_document(&d)
                 .map(Some)
                 .map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e.to_string())),
@@ -49,25 +51,45 @@ impl CheckpointStore for MemoryBackend {
         }
         let mut st = self.lock();
         if let Some(epoch) = checkpoint.epoch {
-            let stored = st
-                .checkpoints
-                .get(&checkpoint.stream)
-                .and_then(|d| d.get_i64("epoch").ok());
-            if stored.is_some_and(|s| s > epoch) {
-                return Err(StoreError::new(
-                    StoreErrorKind::Fenced,
-                    format!(
-                        "checkpoint of '{}' was written with epoch {} > {epoch}",
-                        checkpoint.stream,
-                        stored.unwrap_or_default()
-                    ),
-                ));
-            }
+            st.check_checkpoint_epoch(&checkpoint.stream, epoch)?;
             st.check_fence(&checkpoint.stream, checkpoint.owner.as_deref(), Some(epoch))?;
         }
         st.checkpoints
             .insert(checkpoint.stream.clone(), checkpoint.to_document());
         Ok(())
+    }
+
+    async fn claim(&self, key: &str, fence: &Fence) -> Result<(), StoreError> {
+        let now = self.wall_time();
+        let mut st = self.lock();
+        st.check_checkpoint_epoch(key, fence.epoch)?;
+        st.check_fence(key, Some(&fence.owner), Some(fence.epoch))?;
+        let d = st
+            .checkpoints
+            .entry(key.to_owned())
+            .or_insert_with(|| bson::doc! { "_id": key });
+        d.insert("owner", fence.owner.as_str());
+        d.insert("epoch", fence.epoch);
+        d.insert(CLAIMED_AT, now);
+        Ok(())
+    }
+}
+
+impl super::State {
+    /// Rejects a write with `epoch` when the stored checkpoint of `key` was claimed or written
+    /// with a newer one.
+    fn check_checkpoint_epoch(&self, key: &str, epoch: i64) -> Result<(), StoreError> {
+        let stored = self
+            .checkpoints
+            .get(key)
+            .and_then(|d| d.get_i64("epoch").ok());
+        match stored {
+            Some(s) if s > epoch => Err(StoreError::new(
+                StoreErrorKind::Fenced,
+                format!("checkpoint of '{key}' was claimed or written with epoch {s} > {epoch}"),
+            )),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -4,10 +4,13 @@ use std::cmp::Ordering;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use bson::{doc, oid::ObjectId, Bson, Document, RawBson, RawDocumentBuf};
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document, RawBson, RawDocumentBuf};
 use flowwarden::matcher::{
     compare_bson, get_path,
-    update::{apply_update, is_operator_update, validate_replacement, UpdateChanges},
+    update::{
+        apply_pipeline_update, apply_update, is_operator_update, validate_replacement,
+        UpdateChanges,
+    },
     Filter, Projection,
 };
 
@@ -46,6 +49,8 @@ pub(crate) struct State {
     txns: HashMap<Vec<u8>, (i64, Document)>,
     /// The `host:port` this emulator announces as `me`.
     pub(crate) me: String,
+    /// Added to the real clock to give the server's time (`$$NOW`); moved by tests.
+    pub(crate) clock_offset_ms: i64,
 }
 
 impl State {
@@ -56,7 +61,17 @@ impl State {
             cursors: HashMap::new(),
             next_cursor: 7_000_000_001,
             txns: HashMap::new(),
+            clock_offset_ms: 0,
         }
+    }
+
+    /// The server's time: the real clock plus the test-controlled offset.
+    pub(crate) fn now(&self) -> DateTime {
+        DateTime::from_millis(
+            DateTime::now()
+                .timestamp_millis()
+                .saturating_add(self.clock_offset_ms),
+        )
     }
 
     pub(crate) fn new_cursor_id(&mut self) -> i64 {
@@ -252,11 +267,11 @@ fn sort_docs(docs: &mut [Arc<Document>], sort: &Document) -> Result<(), CommandE
     Ok(())
 }
 
-fn matching(c: Option<&Collection>, filter: &Filter) -> Vec<(u64, Arc<Document>)> {
+fn matching(c: Option<&Collection>, filter: &Filter, now: DateTime) -> Vec<(u64, Arc<Document>)> {
     c.map(|c| {
         c.docs
             .iter()
-            .filter(|(_, d)| filter.matches(d))
+            .filter(|(_, d)| filter.matches_at(d, now))
             .map(|(rid, d)| (*rid, d.clone()))
             .collect()
     })
@@ -742,14 +757,64 @@ enum Updated {
     Changed,
 }
 
+/// The `u` of an update statement or the `update` of `findAndModify`.
+enum UpdateArg<'a> {
+    /// Operators (`{$set: ..}`) or a replacement document.
+    Doc(&'a Document),
+    /// A pipeline-style update (`[{$set: ..}, ..]`).
+    Pipeline(Vec<Document>),
+}
+
+impl<'a> UpdateArg<'a> {
+    fn from_bson(value: Option<&'a Bson>, field: &str) -> Result<Option<Self>, CommandError> {
+        match value {
+            None | Some(Bson::Null) => Ok(None),
+            Some(Bson::Document(d)) => Ok(Some(UpdateArg::Doc(d))),
+            Some(Bson::Array(items)) => items
+                .iter()
+                .map(|b| {
+                    b.as_document().cloned().ok_or_else(|| {
+                        CommandError::failed_to_parse(format!(
+                            "BSON field '{field}' pipeline stages must be documents"
+                        ))
+                    })
+                })
+                .collect::<Result<_, _>>()
+                .map(|stages| Some(UpdateArg::Pipeline(stages))),
+            Some(_) => Err(CommandError::failed_to_parse(format!(
+                "BSON field '{field}' must be a document or a pipeline"
+            ))),
+        }
+    }
+
+    /// A replacement document (rather than operators or a pipeline).
+    fn is_replacement(&self) -> bool {
+        matches!(self, UpdateArg::Doc(d) if !is_operator_update(d))
+    }
+
+    /// Applies it to `doc`; `is_insert` when an upsert creates the document.
+    fn apply(
+        &self,
+        doc: &mut Document,
+        is_insert: bool,
+        now: DateTime,
+    ) -> Result<UpdateChanges, CommandError> {
+        Ok(match self {
+            UpdateArg::Doc(u) => apply_update(doc, u, is_insert)?,
+            UpdateArg::Pipeline(stages) => apply_pipeline_update(doc, stages, now)?,
+        })
+    }
+}
+
 /// Applies an update or replacement to record `rid`, logging the oplog entry.
 fn update_record(
     st: &mut State,
     db: &str,
     coll: &str,
     rid: u64,
-    u: &Document,
+    u: &UpdateArg<'_>,
 ) -> Result<(Updated, Arc<Document>), CommandError> {
+    let now = st.now();
     let c = st
         .data
         .coll_mut(db, coll)
@@ -760,8 +825,8 @@ fn update_record(
         .cloned()
         .ok_or_else(|| CommandError::new(8, "UnknownError", "record vanished"))?;
     let mut new = (*old).clone();
-    let replace = !is_operator_update(u);
-    let changes = apply_update(&mut new, u, false)?;
+    let replace = u.is_replacement();
+    let changes = u.apply(&mut new, false, now)?;
     if !replace && changes.is_empty() {
         return Ok((Updated::Unchanged, old));
     }
@@ -805,18 +870,19 @@ fn upsert_new(
     db: &str,
     coll: &str,
     filter: &Filter,
-    u: &Document,
+    u: &UpdateArg<'_>,
 ) -> Result<Arc<Document>, CommandError> {
-    let mut new = if is_operator_update(u) {
-        let mut d = filter.equality_seed();
-        let _: UpdateChanges = apply_update(&mut d, u, true)?;
-        d
-    } else {
+    let now = st.now();
+    let mut new = if let (UpdateArg::Doc(u), true) = (u, u.is_replacement()) {
         validate_replacement(u)?;
-        let mut d = u.clone();
+        let mut d = (*u).clone();
         if let (None, Some(id)) = (d.get("_id"), filter.equality_seed().get("_id")) {
             d.insert("_id", id.clone());
         }
+        d
+    } else {
+        let mut d = filter.equality_seed();
+        let _: UpdateChanges = u.apply(&mut d, true, now)?;
         d
     };
     new = with_id(&new);
@@ -855,25 +921,16 @@ fn update_spec(
         spec.get_document("q")
             .map_err(|_| CommandError::failed_to_parse("BSON field 'q' is missing"))?,
     )?;
-    let u = match spec.get("u") {
-        Some(Bson::Document(d)) => d,
-        Some(Bson::Array(_)) => {
-            return Err(CommandError::new(
-                9,
-                "FailedToParse",
-                "pipeline-style updates are not emulated",
-            ))
-        }
-        _ => return Err(CommandError::failed_to_parse("BSON field 'u' is missing")),
-    };
+    let u = UpdateArg::from_bson(spec.get("u"), "u")?
+        .ok_or_else(|| CommandError::failed_to_parse("BSON field 'u' is missing"))?;
     let multi = truthy(spec.get("multi"));
-    if multi && !is_operator_update(u) {
+    if multi && u.is_replacement() {
         return Err(CommandError::failed_to_parse(
             "multi update is not supported for replacement-style update",
         ));
     }
     let upsert = truthy(spec.get("upsert"));
-    let mut targets = matching(st.data.coll(db, coll), &filter);
+    let mut targets = matching(st.data.coll(db, coll), &filter, st.now());
     if let Some(sort) = get_doc(spec, "sort")? {
         let mut docs: Vec<Arc<Document>> = targets.iter().map(|(_, d)| d.clone()).collect();
         sort_docs(&mut docs, sort)?;
@@ -884,7 +941,7 @@ fn update_spec(
     }
     if targets.is_empty() {
         if upsert {
-            let d = upsert_new(st, db, coll, &filter, u)?;
+            let d = upsert_new(st, db, coll, &filter, &u)?;
             return Ok((1, 0, d.get("_id").cloned()));
         }
         return Ok((0, 0, None));
@@ -892,7 +949,7 @@ fn update_spec(
     let mut n = 0;
     let mut modified = 0;
     for (rid, _) in targets {
-        let (outcome, _) = update_record(st, db, coll, rid, u)?;
+        let (outcome, _) = update_record(st, db, coll, rid, &u)?;
         n += 1;
         if matches!(outcome, Updated::Changed) {
             modified += 1;
@@ -969,7 +1026,7 @@ fn delete(st: &mut State, db: &str, body: &Document) -> CmdResult {
             }
         };
         let limit = as_i64(spec.get("limit")).unwrap_or(0);
-        let mut targets = matching(st.data.coll(db, coll), &filter);
+        let mut targets = matching(st.data.coll(db, coll), &filter, st.now());
         if limit == 1 {
             targets.truncate(1);
         }
@@ -995,7 +1052,7 @@ fn query(
     filter_key: &str,
 ) -> Result<Vec<Arc<Document>>, CommandError> {
     let filter = parse_filter(body, filter_key)?;
-    let mut docs: Vec<Arc<Document>> = matching(st.data.coll(db, coll), &filter)
+    let mut docs: Vec<Arc<Document>> = matching(st.data.coll(db, coll), &filter, st.now())
         .into_iter()
         .map(|(_, d)| d)
         .collect();
@@ -1072,13 +1129,14 @@ fn find_and_modify(st: &mut State, db: &str, body: &Document) -> CmdResult {
     let remove = truthy(body.get("remove"));
     let return_new = truthy(body.get("new"));
     let upsert = truthy(body.get("upsert"));
-    let update = get_doc(body, "update")?;
+    let update = UpdateArg::from_bson(body.get("update"), "update")?;
     if remove == update.is_some() {
         return Err(CommandError::failed_to_parse(
             "Either an update or remove=true must be specified",
         ));
     }
-    let mut targets: Vec<(u64, Arc<Document>)> = matching(st.data.coll(db, coll), &filter);
+    let mut targets: Vec<(u64, Arc<Document>)> =
+        matching(st.data.coll(db, coll), &filter, st.now());
     if let Some(sort) = get_doc(body, "sort")? {
         let mut docs: Vec<Arc<Document>> = targets.iter().map(|(_, d)| d.clone()).collect();
         sort_docs(&mut docs, sort)?;
@@ -1098,7 +1156,7 @@ fn find_and_modify(st: &mut State, db: &str, body: &Document) -> CmdResult {
         }
         (None, None) => (Bson::Null, doc! {"n": 0}),
         (Some((rid, old)), Some(u)) => {
-            let (_, new) = update_record(st, db, coll, rid, u)?;
+            let (_, new) = update_record(st, db, coll, rid, &u)?;
             let shown = if return_new {
                 project(&new)
             } else {
@@ -1107,7 +1165,7 @@ fn find_and_modify(st: &mut State, db: &str, body: &Document) -> CmdResult {
             (shown, doc! {"n": 1, "updatedExisting": true})
         }
         (None, Some(u)) if upsert => {
-            let new = upsert_new(st, db, coll, &filter, u)?;
+            let new = upsert_new(st, db, coll, &filter, &u)?;
             let shown = if return_new {
                 project(&new)
             } else {

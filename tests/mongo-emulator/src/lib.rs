@@ -181,6 +181,21 @@ impl Emulator {
         self.shared.faults().stepped_down = false;
     }
 
+    /// Moves the server's clock (`$$NOW` in queries and pipeline updates) forward by `by`, as
+    /// if that much time had passed on the server only: leases judged by server time expire
+    /// while the clients' own timers have not moved. The oplog's wall times keep the real
+    /// clock.
+    pub fn advance_clock(&self, by: Duration) {
+        let ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+        let mut st = self.shared.state();
+        st.clock_offset_ms = st.clock_offset_ms.saturating_add(ms);
+    }
+
+    /// The server's time now (the real clock plus every [`Emulator::advance_clock`]).
+    pub fn server_time(&self) -> bson::DateTime {
+        self.shared.state().now()
+    }
+
     /// Delays every reply by `delay` (`None` removes the delay).
     pub fn delay_replies(&self, delay: Option<Duration>) {
         self.shared.faults().delay_all = delay;

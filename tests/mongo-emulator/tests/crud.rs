@@ -419,3 +419,68 @@ async fn oplog_and_replica_set_status_are_readable() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn expr_pipeline_updates_and_the_server_clock() {
+    bounded(async {
+        let (emu, client) = setup().await;
+        let coll = client.database("app").collection::<Document>("locks");
+        // The lease idiom: take when free or expired by the server's clock, one conditional
+        // upsert with a pipeline update computing the epoch and the expiry.
+        let take = |owner: &'static str| {
+            let coll = coll.clone();
+            async move {
+                coll.find_one_and_update(
+                    doc! {"_id": "s", "$expr": {"$lte": ["$expiresAt", "$$NOW"]}},
+                    vec![doc! {"$set": {
+                        "owner": owner,
+                        "epoch": {"$add": [{"$ifNull": ["$epoch", 0_i64]}, 1_i64]},
+                        "expiresAt": {"$add": ["$$NOW", 30_000]},
+                    }}],
+                )
+                .upsert(true)
+                .return_document(ReturnDocument::After)
+                .await
+            }
+        };
+        let before = emu.server_time();
+        let first = take("a").await.expect("first take").expect("upserted");
+        assert_eq!(first.get_i64("epoch").ok(), Some(1));
+        let expires = *first.get_datetime("expiresAt").expect("date");
+        let ms = expires.timestamp_millis() - before.timestamp_millis();
+        assert!(
+            (30_000..31_000).contains(&ms),
+            "server time + 30 s, got {ms}"
+        );
+
+        let held = take("b").await.expect_err("held: the upsert collides");
+        assert_eq!(server_code(&held), Some(11000));
+
+        emu.advance_clock(std::time::Duration::from_secs(31));
+        let second = take("b").await.expect("second take").expect("updated");
+        assert_eq!(second.get_str("owner").ok(), Some("b"));
+        assert_eq!(second.get_i64("epoch").ok(), Some(2));
+
+        // Through the `update` command too; an update pipeline may not `$match`.
+        let r = coll
+            .update_one(
+                doc! {"_id": "s"},
+                vec![doc! {"$set": {"renewed": true}}, doc! {"$unset": "owner"}],
+            )
+            .await
+            .expect("update pipeline");
+        assert_eq!(r.modified_count, 1);
+        let now = coll
+            .find_one(doc! {"_id": "s"})
+            .await
+            .expect("find")
+            .expect("doc");
+        assert!(now.get_bool("renewed").expect("set") && !now.contains_key("owner"));
+        let refused = coll
+            .update_one(doc! {"_id": "s"}, vec![doc! {"$match": {}}])
+            .await
+            .expect_err("refused stage");
+        assert!(server_code(&refused).is_some());
+    })
+    .await;
+}

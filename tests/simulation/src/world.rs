@@ -1228,6 +1228,10 @@ impl CheckpointStore for RecCheckpoints {
         }
         r
     }
+
+    async fn claim(&self, key: &str, fence: &flowwarden::Fence) -> Result<(), StoreError> {
+        CheckpointStore::claim(&self.memory, key, fence).await
+    }
 }
 
 /// The in-memory dead-letter store, recording what was set aside.
