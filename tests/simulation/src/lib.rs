@@ -236,6 +236,8 @@ pub struct Stats {
     pub fenced_checkpoint_writes: u64,
     /// Dead-letter writes rejected as fenced.
     pub fenced_dead_letter_writes: u64,
+    /// Checkpoint claims (a new leader fencing the checkpoint) rejected as fenced.
+    pub fenced_claims: u64,
     /// Stalled handlers that woke after their runtime had lost the lease.
     pub zombie_wakeups: u64,
     /// Zombie runtimes that had a write rejected as fenced.
@@ -275,6 +277,7 @@ impl Stats {
         self.takeovers += other.takeovers;
         self.fenced_checkpoint_writes += other.fenced_checkpoint_writes;
         self.fenced_dead_letter_writes += other.fenced_dead_letter_writes;
+        self.fenced_claims += other.fenced_claims;
         self.zombie_wakeups += other.zombie_wakeups;
         self.zombies_fenced += other.zombies_fenced;
         self.running_overlaps += other.running_overlaps;
@@ -323,8 +326,8 @@ impl fmt::Display for Stats {
             )?;
             writeln!(
                 f,
-                "fenced writes:        {} checkpoints, {} dead letters rejected",
-                self.fenced_checkpoint_writes, self.fenced_dead_letter_writes
+                "fenced writes:        {} checkpoints, {} dead letters, {} claims rejected",
+                self.fenced_checkpoint_writes, self.fenced_dead_letter_writes, self.fenced_claims
             )?;
             writeln!(
                 f,

@@ -124,6 +124,8 @@ pub(crate) struct WorldState {
     pub(crate) epoch_writer: BTreeMap<i64, u32>,
     /// The last checkpoint write the store accepted.
     pub(crate) last_written: Option<Written>,
+    /// The epoch of the last accepted checkpoint write or claim.
+    pub(crate) last_epoch: Option<i64>,
     /// Identities whose renewals the harness froze.
     pub(crate) frozen: BTreeSet<String>,
     /// Identities the lease-store wrapper cuts off (acquisitions fail too).
@@ -169,7 +171,6 @@ pub(crate) struct LeaseMirror {
 pub(crate) struct Written {
     pub(crate) seen: Option<u64>,
     pub(crate) processed: Option<u64>,
-    pub(crate) epoch: Option<i64>,
     pub(crate) inc: u32,
 }
 
@@ -216,6 +217,7 @@ impl World {
                 epoch_holder: BTreeMap::new(),
                 epoch_writer: BTreeMap::new(),
                 last_written: None,
+                last_epoch: None,
                 frozen: BTreeSet::new(),
                 cut_off: BTreeSet::new(),
                 stall_until: BTreeMap::new(),
@@ -639,27 +641,8 @@ impl WorldState {
                 );
             }
             if let Some(e) = cp.epoch {
-                // ... accepted epochs never decrease ...
-                if let Some(prev) = self.last_written.as_ref().and_then(|w| w.epoch) {
-                    if e < prev {
-                        self.violate(
-                            Invariant::OneWriterPerEpoch,
-                            format!("{tag}accepted checkpoint epochs went back from {prev} to {e}"),
-                        );
-                    }
-                }
-                // ... and one epoch has one writer: the runtime that acquired it.
-                let writer = *self.epoch_writer.entry(e).or_insert(inc);
-                let holder = self.epoch_holder.get(&e).copied();
-                if writer != inc || holder != Some(inc) {
-                    let holder = holder
-                        .map(|h| format!("runtime #{h}"))
-                        .unwrap_or_else(|| "nobody".into());
-                    self.violate(
-                        Invariant::OneWriterPerEpoch,
-                        format!("{tag}checkpoint accepted under epoch {e}, which was acquired by {holder} and first written by runtime #{writer}: two writers for one epoch"),
-                    );
-                }
+                // ... accepted epochs never decrease, and one epoch has one writer.
+                self.check_epoch_writer(inc, e, "checkpoint");
             }
             // 8: the writer still holds the current lease (fencing is by epoch: a write after
             // expiry is fine while nobody else acquired).
@@ -714,9 +697,60 @@ impl WorldState {
         self.last_written = Some(Written {
             seen,
             processed,
-            epoch: cp.epoch,
             inc,
         });
+    }
+
+    /// Invariant 6 on an accepted write (checkpoint or claim) of `inc` under epoch `e`:
+    /// accepted epochs never decrease, and the writer is the runtime that acquired `e`.
+    fn check_epoch_writer(&mut self, inc: u32, e: i64, what: &str) {
+        let tag = self.tag(inc);
+        if let Some(prev) = self.last_epoch {
+            if e < prev {
+                self.violate(
+                    Invariant::OneWriterPerEpoch,
+                    format!("{tag}accepted {what} epochs went back from {prev} to {e}"),
+                );
+            }
+        }
+        self.last_epoch = Some(self.last_epoch.map_or(e, |p| p.max(e)));
+        let writer = *self.epoch_writer.entry(e).or_insert(inc);
+        let holder = self.epoch_holder.get(&e).copied();
+        if writer != inc || holder != Some(inc) {
+            let holder = holder
+                .map(|h| format!("runtime #{h}"))
+                .unwrap_or_else(|| "nobody".into());
+            self.violate(
+                Invariant::OneWriterPerEpoch,
+                format!("{tag}{what} accepted under epoch {e}, which was acquired by {holder} and first written by runtime #{writer}: two writers for one epoch"),
+            );
+        }
+    }
+
+    /// Invariants 6 and 8, when the store accepted a checkpoint claim of `inc` (a new
+    /// leader fences the checkpoint before it loads it).
+    fn on_claim_accepted(&mut self, inc: u32, fence: &flowwarden::Fence, current: Option<&Lease>) {
+        let tag = self.tag(inc);
+        self.log(format!(
+            "{tag}claims the checkpoint (epoch {})",
+            fence.epoch
+        ));
+        let store = current
+            .map(|l| format!("{} with epoch {}", l.owner, l.epoch))
+            .unwrap_or_else(|| "nobody".into());
+        if !current.is_some_and(|l| l.epoch == fence.epoch && l.owner == fence.owner) {
+            self.violate(
+                Invariant::OneWriterPerEpoch,
+                format!("{tag}an accepted checkpoint claim carries owner {} epoch {}, but the lease current at that instant is held by {store}", fence.owner, fence.epoch),
+            );
+        }
+        self.check_epoch_writer(inc, fence.epoch, "checkpoint claim");
+        if current.is_none_or(|l| self.acquired.get(&inc) != Some(&l.epoch)) {
+            self.violate(
+                Invariant::ZombieWrite,
+                format!("{tag}a deposed leader's checkpoint claim was accepted (the store's lease is held by {store})"),
+            );
+        }
     }
 
     /// Invariant 8, when the store accepted a dead letter of `inc`.
@@ -1230,7 +1264,21 @@ impl CheckpointStore for RecCheckpoints {
     }
 
     async fn claim(&self, key: &str, fence: &flowwarden::Fence) -> Result<(), StoreError> {
-        CheckpointStore::claim(&self.memory, key, fence).await
+        let r = CheckpointStore::claim(&self.memory, key, fence).await;
+        let current = current_lease(&self.memory).await;
+        let mut w = self.world.lock();
+        match &r {
+            Ok(()) => w.on_claim_accepted(self.inc, fence, current.as_ref()),
+            Err(e) if e.kind == StoreErrorKind::Fenced => {
+                w.stats.fenced_claims += 1;
+                w.on_fenced(self.inc, "checkpoint claim", e);
+            }
+            Err(e) => {
+                let tag = w.tag(self.inc);
+                w.log(format!("{tag}checkpoint claim failed: {e}"));
+            }
+        }
+        r
     }
 }
 
