@@ -360,3 +360,182 @@ fn renewal_starvation_does_not_keep_a_stale_leader_running() {
         "written by the new leader only"
     );
 }
+
+/// The lease store as one runtime reaches it: its calls can hang and then fail (a partition
+/// while the driver waits for its timeout, or a saturated connection pool), or a grant can be
+/// answered late (the store granted at once; the answer is slow). The other runtimes use the
+/// store directly.
+#[derive(Clone)]
+struct ReachedLeases {
+    inner: MemoryBackend,
+    /// Every call hangs this long, then fails without reaching the store (0: off).
+    hang_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// The first acquisition is granted at once and answered this late.
+    late_first_grant_ms: u64,
+    granted: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ReachedLeases {
+    fn new(inner: &MemoryBackend, late_first_grant_ms: u64) -> Self {
+        Self {
+            inner: inner.clone(),
+            hang_ms: Arc::default(),
+            late_first_grant_ms,
+            granted: Arc::default(),
+        }
+    }
+
+    async fn hang(&self) -> Result<(), flowwarden::StoreError> {
+        let ms = self.hang_ms.load(std::sync::atomic::Ordering::SeqCst);
+        if ms == 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        Err(flowwarden::StoreError::new(
+            flowwarden::StoreErrorKind::Unavailable,
+            "server selection timed out",
+        ))
+    }
+
+    fn backend(&self) -> flowwarden::Backend {
+        let mut b: flowwarden::Backend = self.inner.clone().into();
+        b.leases = Some(Arc::new(self.clone()));
+        b
+    }
+}
+
+#[async_trait::async_trait]
+impl flowwarden::LeaseStore for ReachedLeases {
+    async fn try_acquire(
+        &self,
+        stream: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<flowwarden::Lease>, flowwarden::StoreError> {
+        self.hang().await?;
+        if self.granted.load(std::sync::atomic::Ordering::SeqCst) && self.late_first_grant_ms > 0 {
+            // After its late grant, this runtime cannot reach the store any more.
+            return Err(flowwarden::StoreError::new(
+                flowwarden::StoreErrorKind::Unavailable,
+                "server selection timed out",
+            ));
+        }
+        let r = self.inner.try_acquire(stream, owner, ttl).await;
+        if matches!(r, Ok(Some(_))) && self.late_first_grant_ms > 0 {
+            self.granted
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(self.late_first_grant_ms)).await;
+        }
+        r
+    }
+
+    async fn renew(
+        &self,
+        lease: &flowwarden::Lease,
+        ttl: Duration,
+    ) -> Result<Option<flowwarden::Lease>, flowwarden::StoreError> {
+        self.hang().await?;
+        self.inner.renew(lease, ttl).await
+    }
+
+    async fn release(&self, lease: &flowwarden::Lease) -> Result<(), flowwarden::StoreError> {
+        self.hang().await?;
+        self.inner.release(lease).await
+    }
+
+    async fn current(
+        &self,
+        stream: &str,
+    ) -> Result<Option<flowwarden::Lease>, flowwarden::StoreError> {
+        self.inner.current(stream).await
+    }
+}
+
+fn short_lease_def(name: &'static str) -> &'static flowwarden::StreamDefinition {
+    def(name, |d| {
+        d.deployment = Deployment::SingleLeader(LeaseConfig {
+            lease_secs: 6,
+            renew_secs: 2,
+            standby_poll_secs: 1,
+        })
+    })
+}
+
+/// Found by the fault simulation (invariant 9, "one consumer at a time"; seed 142 of the
+/// multi-instance schedules with hanging lease calls). A leader whose renewal call hangs
+/// (partitioned from the lease store while the driver waits for its timeout) must still stop
+/// before its lease expires: it used to wait for the call, keep reading, and handle new events
+/// side by side with the standby that took over (only fencing kept the stores safe).
+#[tokio::test(start_paused = true)]
+async fn a_leader_whose_renewal_hangs_stops_before_its_lease_expires() {
+    use flowwarden::LeaseStore;
+    let backend = MemoryBackend::new();
+    let d = short_lease_def("hanging-renewal");
+    let reached = ReachedLeases::new(&backend, 0);
+    let a = Probe::default();
+    let via = reached.backend();
+    let rt_a = start_with(&backend, &a, d, move |b| b.backend(via).instance_id("a")).await;
+    let b = Probe::default();
+    let rt_b = start_as(&backend, &b, d, "b").await;
+    assert_eq!(state(&rt_a, "hanging-renewal"), StreamState::Running);
+
+    // From now on every lease call of A hangs for 30 s, then fails.
+    reached
+        .hang_ms
+        .store(30_000, std::sync::atomic::Ordering::SeqCst);
+    let expires_at = tokio::time::Instant::now() + Duration::from_secs(6);
+    tokio::time::sleep_until(expires_at + Duration::from_secs(2)).await;
+    let lease = backend.current("hanging-renewal").await.unwrap().unwrap();
+    assert_eq!(lease.owner, "b", "B took over after A's lease expired");
+
+    insert_ids(&backend, [1]);
+    wait_until("B handled 1", || b.successes().len() == 1).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        a.calls().is_empty(),
+        "A handled an event committed after it lost its lease: {:?}",
+        a.calls()
+    );
+    assert_eq!(
+        state(&rt_a, "hanging-renewal"),
+        StreamState::Standby,
+        "A stopped (its renewal never answered) and stands by"
+    );
+    rt_b.shutdown().await;
+    rt_a.handle().__crash().await;
+}
+
+/// The lease's validity counts from the request, not from a late answer: a grant answered 3 s
+/// late (of a 6 s lease) leaves the leader 3 s, and with renewals failing it must stop before
+/// the store lets a standby take over.
+#[tokio::test(start_paused = true)]
+async fn a_late_grant_counts_from_the_request() {
+    use flowwarden::LeaseStore;
+    let backend = MemoryBackend::new();
+    let d = short_lease_def("late-grant");
+    backend.faults().freeze_lease_renewals("a");
+    let reached = ReachedLeases::new(&backend, 3_000);
+    let a = Probe::default();
+    let via = reached.backend();
+    let rt_a = start_with(&backend, &a, d, move |b| b.backend(via).instance_id("a")).await;
+    let granted_at = tokio::time::Instant::now();
+    let b = Probe::default();
+    let rt_b = start_as(&backend, &b, d, "b").await;
+    assert_eq!(state(&rt_b, "late-grant"), StreamState::Standby);
+    wait_status(&rt_a, "late-grant", |s| s.state == StreamState::Running).await;
+
+    // A's lease (granted at 0, 6 s) expires at 6 s; B takes it then. An event at 6.5 s is B's.
+    tokio::time::sleep_until(granted_at + Duration::from_millis(6_500)).await;
+    let lease = backend.current("late-grant").await.unwrap().unwrap();
+    assert_eq!(lease.owner, "b");
+    insert_ids(&backend, [1]);
+    wait_until("B handled 1", || b.successes().len() == 1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        a.calls().is_empty(),
+        "A handled an event committed after its lease expired: {:?}",
+        a.calls()
+    );
+    rt_b.shutdown().await;
+    rt_a.handle().__crash().await;
+}

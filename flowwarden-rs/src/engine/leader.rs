@@ -38,6 +38,9 @@ pub(crate) async fn run_single_leader(
             return StreamExit::Stopped;
         }
         env.status.update(|s| s.state = StreamState::Standby);
+        // The store grants the lease at or after this instant, however late its answer comes:
+        // the lease's validity is counted from here.
+        let asked_at = Instant::now();
         let lease = match leases.try_acquire(name, &owner, cfg.lease()).await {
             Ok(Some(lease)) => lease,
             Ok(None) => {
@@ -55,12 +58,23 @@ pub(crate) async fn run_single_leader(
                 continue;
             }
         };
+        if Instant::now() + cfg.renew() >= asked_at + cfg.lease() {
+            warn!(
+                stream = name,
+                epoch = lease.epoch,
+                "the lease was granted too late to be used before it expires; standing by"
+            );
+            release(&*leases, &lease, name).await;
+            wait_or_stop(&mut external_stop, cfg.standby_poll()).await;
+            continue;
+        }
         info!(stream = name, owner = %owner, epoch = lease.epoch, "this instance leads the stream");
         let (session_tx, session_rx) = watch::channel(false);
         let session_tx = Arc::new(session_tx);
         let renewer = AbortOnDrop(tokio::spawn(renew_loop(
             leases.clone(),
             lease.clone(),
+            asked_at,
             cfg,
             session_tx.clone(),
         )));
@@ -128,35 +142,46 @@ async fn wait_or_stop(stop: &mut watch::Receiver<bool>, period: std::time::Durat
 }
 
 /// Renews every `renew_secs`. When the lease is lost, or cannot be renewed before one renew
-/// period remains on it, stops the session: the leader stops before its lease can expire.
+/// period remains on it, stops the session: the leader stops before its lease can expire. A
+/// renewal that does not answer (a partition while the driver waits for its timeout, a
+/// saturated connection pool) is waited for only while it could still help.
 async fn renew_loop(
     leases: Arc<dyn LeaseStore>,
     mut lease: Lease,
+    asked_at: Instant,
     cfg: LeaseConfig,
     stop: Arc<watch::Sender<bool>>,
 ) {
     let name = lease.stream.clone();
-    let mut valid_until = Instant::now() + cfg.lease();
+    let mut valid_until = asked_at + cfg.lease();
     loop {
         tokio::time::sleep(cfg.renew()).await;
         let attempt_at = Instant::now();
-        match leases.renew(&lease, cfg.lease()).await {
-            Ok(Some(renewed)) => {
+        let answer_by = valid_until
+            .checked_sub(cfg.renew() / 2)
+            .unwrap_or(valid_until);
+        match tokio::time::timeout_at(answer_by, leases.renew(&lease, cfg.lease())).await {
+            Ok(Ok(Some(renewed))) => {
                 lease = renewed;
                 valid_until = attempt_at + cfg.lease();
             }
-            Ok(None) => {
+            Ok(Ok(None)) => {
                 warn!(stream = %name, epoch = lease.epoch, "lease lost; stopping the stream");
                 let _ = stop.send(true);
                 return;
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 warn!(stream = %name, error = %e, "lease renewal failed");
                 if Instant::now() + cfg.renew() >= valid_until {
                     warn!(stream = %name, "the lease cannot be renewed before it expires; stopping the stream");
                     let _ = stop.send(true);
                     return;
                 }
+            }
+            Err(_) => {
+                warn!(stream = %name, epoch = lease.epoch, "the lease renewal did not answer before the lease runs out; stopping the stream");
+                let _ = stop.send(true);
+                return;
             }
         }
     }
