@@ -374,12 +374,18 @@ impl Sim<'_> {
             .and_then(|rt| rt.handle().status(STREAM))
     }
 
-    /// The slot whose running runtime acquired the stream's current lease (live or not).
+    /// The slot whose runtime acquired the stream's current lease (live or not) and still
+    /// runs the stream (not halted after releasing it).
     fn leader_slot(&self) -> Option<usize> {
         let holder = self.world.lock().lease.as_ref().map(|l| l.inc)?;
-        self.slots
+        let i = self
+            .slots
             .iter()
-            .position(|s| s.runtime.is_some() && s.inc == holder)
+            .position(|s| s.runtime.is_some() && s.inc == holder)?;
+        let ended = self
+            .status(i)
+            .is_none_or(|s| matches!(s.state, StreamState::Stopped | StreamState::HistoryLost));
+        (!ended).then_some(i)
     }
 
     /// Runtimes (other than slot `except`) standing by now.
@@ -616,6 +622,22 @@ impl Sim<'_> {
                 }
                 None => self.log("no running leader to freeze"),
             },
+            Step::SlowLeaseCalls { ms: d, fail } => match self.leader_slot() {
+                Some(i) => {
+                    let id = self.slots[i].id.clone();
+                    let standbys = self.standbys(Some(i));
+                    self.world
+                        .lock()
+                        .slow_lease
+                        .insert(id.clone(), (ms(*d), *fail));
+                    if *fail {
+                        // The partitioned leader cannot renew: a standby must take over.
+                        let what = format!("partition of {id}");
+                        self.expect_takeover(&what, self.slots[i].inc, standbys);
+                    }
+                }
+                None => self.log("no running leader to slow down"),
+            },
             Step::ThawAll => self.thaw_all(),
             Step::Zombie { stall_ms } => match self.leader_slot() {
                 Some(i) => {
@@ -675,6 +697,7 @@ impl Sim<'_> {
             f.thaw_lease_renewals(&id);
         }
         w.cut_off.clear();
+        w.slow_lease.clear();
     }
 
     /// Whether every checked change up to the head is accounted for.

@@ -215,7 +215,19 @@ pub enum Step {
         /// Acquisitions fail too.
         cut_off: bool,
     },
-    /// Multi-instance: every frozen or cut-off identity can reach the lease store again.
+    /// Multi-instance: every lease-store call of the lease holder's identity (acquire, renew)
+    /// takes `ms` to answer (injected by the harness's lease-store wrapper): a slow round trip
+    /// (`fail = false`: the store acted at once, the answer is late) or a partition where the
+    /// driver waits for its timeout (`fail = true`: the call fails after `ms` and never reaches
+    /// the store).
+    SlowLeaseCalls {
+        /// How long each call takes.
+        ms: u64,
+        /// The calls fail (a partition) rather than succeed late.
+        fail: bool,
+    },
+    /// Multi-instance: every frozen, cut-off or slowed identity can reach the lease store
+    /// again.
     ThawAll,
     /// Multi-instance: the lease holder's renewals are frozen and its handler stalls (its
     /// in-flight invocation, else its next one) for `stall_ms`: past its lease, a standby
@@ -264,6 +276,8 @@ impl Step {
             Step::CrashStandby => "crash_standby",
             Step::FreezeLeader { cut_off: false } => "freeze_leader_renewals",
             Step::FreezeLeader { cut_off: true } => "cut_off_leader",
+            Step::SlowLeaseCalls { fail: false, .. } => "slow_lease_calls",
+            Step::SlowLeaseCalls { fail: true, .. } => "hanging_lease_calls",
             Step::ThawAll => "thaw",
             Step::Zombie { .. } => "zombie",
             _ => return None,
@@ -341,6 +355,11 @@ impl fmt::Display for Step {
                 f,
                 "FAULT freeze the leader's lease renewals{}",
                 if *cut_off { " and cut it off" } else { "" }
+            ),
+            Step::SlowLeaseCalls { ms, fail } => write!(
+                f,
+                "FAULT the leader's lease calls take {ms}ms{}",
+                if *fail { " and fail" } else { "" }
             ),
             Step::ThawAll => f.write_str("FAULT thaw every frozen identity"),
             Step::Zombie { stall_ms } => write!(
@@ -640,12 +659,21 @@ impl Schedule {
             if !r.chance(fault_pct) {
                 continue;
             }
-            let fault = match r.below(21) {
+            let fault = match r.below(23) {
                 0 | 1 => Step::ReadErrors(r.range(1, 3) as usize),
                 2 => Step::CloseStreams,
                 20 => Step::RestartStream {
                     leader: r.chance(60),
                 },
+                21 | 22 => {
+                    if thaw_in.is_none() && r.chance(70) {
+                        thaw_in = Some(r.range(1, 6));
+                    }
+                    Step::SlowLeaseCalls {
+                        ms: r.pick(&[200, 1_000, lease_ms / 2, lease_ms, 30_000]),
+                        fail: r.chance(50),
+                    }
+                }
                 3..=5 => {
                     // Often while a handler is in flight.
                     steps.push(Step::Advance(r.pick(&[0, 1, 10, 50, 300])));

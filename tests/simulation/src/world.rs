@@ -130,6 +130,11 @@ pub(crate) struct WorldState {
     pub(crate) frozen: BTreeSet<String>,
     /// Identities the lease-store wrapper cuts off (acquisitions fail too).
     pub(crate) cut_off: BTreeSet<String>,
+    /// Identities whose lease-store calls are slow: how long, and whether they then fail.
+    pub(crate) slow_lease: BTreeMap<String, (Duration, bool)>,
+    /// Per incarnation: when its last injected slow lease call answers (it cannot poll
+    /// before).
+    pub(crate) busy_until: BTreeMap<u32, Instant>,
     /// Per incarnation: its handler stalls until then (a zombie).
     pub(crate) stall_until: BTreeMap<u32, Instant>,
     /// Incarnations made zombies (stalled), and whether a write of theirs was fenced since.
@@ -220,6 +225,8 @@ impl World {
                 last_epoch: None,
                 frozen: BTreeSet::new(),
                 cut_off: BTreeSet::new(),
+                slow_lease: BTreeMap::new(),
+                busy_until: BTreeMap::new(),
                 stall_until: BTreeMap::new(),
                 zombies: BTreeMap::new(),
                 takeovers: Vec::new(),
@@ -457,6 +464,12 @@ impl WorldState {
         }
     }
 
+    /// Whether `id` can take a lease within a poll period (not cut off, partitioned, or
+    /// slowed down by the harness: a standby waiting for a slow answer does not poll).
+    fn reaches_leases(&self, id: &str) -> bool {
+        !self.cut_off.contains(id) && !self.slow_lease.contains_key(id)
+    }
+
     /// Whether the lease is live and was acquired by `inc`.
     pub(crate) fn leads(&self, inc: u32) -> bool {
         self.lease
@@ -524,7 +537,7 @@ impl WorldState {
             .filter(|i| {
                 self.incs
                     .get(i)
-                    .is_some_and(|inc| !self.cut_off.contains(&inc.id))
+                    .is_some_and(|inc| self.reaches_leases(&inc.id))
             })
             .collect();
         if standbys.is_empty() {
@@ -572,13 +585,19 @@ impl WorldState {
                 self.takeovers.push(t);
                 continue;
             }
+            let poll = Duration::from_secs(self.settings.leader.map_or(0, |l| l.poll_secs));
             let alive: Vec<u32> = t
                 .standbys
                 .iter()
                 .copied()
                 .filter(|i| {
                     self.incs.get(i).is_some_and(|inc| {
-                        inc.ended.is_none_or(|e| e > t.deadline) && !self.cut_off.contains(&inc.id)
+                        inc.ended.is_none_or(|e| e > t.deadline)
+                            && self.reaches_leases(&inc.id)
+                            && self
+                                .busy_until
+                                .get(i)
+                                .is_none_or(|b| *b + poll <= t.deadline)
                     })
                 })
                 .collect();
@@ -1376,6 +1395,41 @@ fn unreachable_lease_store() -> StoreError {
     )
 }
 
+impl RecLeases {
+    /// An injected slow call of `owner`: waits, then tells whether the call fails (a partition)
+    /// instead of reaching the store.
+    async fn slow(&self, owner: &str, what: &str) -> bool {
+        let slow = self.world.lock().slow_lease.get(owner).copied();
+        let Some((d, fail)) = slow else { return false };
+        if fail {
+            self.world
+                .lock()
+                .busy_until
+                .insert(self.inc, Instant::now() + d);
+            tokio::time::sleep(d).await;
+            let mut w = self.world.lock();
+            let tag = w.tag(self.inc);
+            w.log(format!(
+                "{tag}lease {what}: no answer for {}ms, then an error",
+                d.as_millis()
+            ));
+        }
+        fail
+    }
+
+    /// An injected slow answer (the store acted at once; the answer arrives `d` later).
+    async fn late_answer(&self, owner: &str) {
+        let slow = self.world.lock().slow_lease.get(owner).copied();
+        if let Some((d, false)) = slow {
+            self.world
+                .lock()
+                .busy_until
+                .insert(self.inc, Instant::now() + d);
+            tokio::time::sleep(d).await;
+        }
+    }
+}
+
 #[async_trait]
 impl LeaseStore for RecLeases {
     async fn try_acquire(
@@ -1384,6 +1438,9 @@ impl LeaseStore for RecLeases {
         owner: &str,
         ttl: Duration,
     ) -> Result<Option<Lease>, StoreError> {
+        if self.slow(owner, "acquisition").await {
+            return Err(unreachable_lease_store());
+        }
         {
             let w = self.world.lock();
             if w.cut_off.contains(owner) {
@@ -1399,10 +1456,14 @@ impl LeaseStore for RecLeases {
         if let Ok(Some(l)) = &r {
             self.world.lock().on_acquire(self.inc, owner, l.epoch, ttl);
         }
+        self.late_answer(owner).await;
         r
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Option<Lease>, StoreError> {
+        if self.slow(&lease.owner, "renewal").await {
+            return Err(unreachable_lease_store());
+        }
         {
             let w = self.world.lock();
             if w.cut_off.contains(&lease.owner) {
@@ -1418,27 +1479,30 @@ impl LeaseStore for RecLeases {
             }
         }
         let r = LeaseStore::renew(&self.memory, lease, ttl).await;
-        let mut w = self.world.lock();
-        let tag = w.tag(self.inc);
-        match &r {
-            Ok(Some(l)) => {
-                let now = Instant::now();
-                let renewed = w
-                    .lease
-                    .as_mut()
-                    .filter(|m| m.epoch == l.epoch && m.owner == l.owner)
-                    .map(|m| m.expires = now + ttl)
-                    .is_some();
-                if renewed {
-                    w.on_renewed(self.inc);
+        {
+            let mut w = self.world.lock();
+            let tag = w.tag(self.inc);
+            match &r {
+                Ok(Some(l)) => {
+                    let now = Instant::now();
+                    let renewed = w
+                        .lease
+                        .as_mut()
+                        .filter(|m| m.epoch == l.epoch && m.owner == l.owner)
+                        .map(|m| m.expires = now + ttl)
+                        .is_some();
+                    if renewed {
+                        w.on_renewed(self.inc);
+                    }
                 }
+                Ok(None) => w.log(format!("{tag}lease renewal: lost (epoch {})", lease.epoch)),
+                Err(e) => w.log(format!(
+                    "{tag}lease renewal failed (epoch {}): {}",
+                    lease.epoch, e.message
+                )),
             }
-            Ok(None) => w.log(format!("{tag}lease renewal: lost (epoch {})", lease.epoch)),
-            Err(e) => w.log(format!(
-                "{tag}lease renewal failed (epoch {}): {}",
-                lease.epoch, e.message
-            )),
         }
+        self.late_answer(&lease.owner).await;
         r
     }
 

@@ -238,6 +238,40 @@ fn a_frozen_leader_stops_before_its_lease_expires() {
     );
 }
 
+/// The leader is partitioned from the lease store: its calls hang 10 s, then fail (the
+/// driver's server-selection timeout). It must stop before its lease expires (5 s) although
+/// its renewal never answers, and must not handle what is committed after i1 took over. The
+/// runtime used to wait for the hung renewal and keep consuming (found as seed 142).
+#[test]
+fn a_partitioned_leader_stops_before_its_lease_expires() {
+    let schedule = Schedule {
+        seed: 17,
+        settings: two_leaders(),
+        initial_keys: vec![],
+        steps: vec![
+            insert(0, 1),
+            Step::Advance(500),
+            Step::SlowLeaseCalls {
+                ms: 10_000,
+                fail: true,
+            },
+            Step::Advance(6_000),
+            update(0, 2),
+            insert(1, 3),
+            Step::Advance(10_000),
+            update(1, 4),
+        ],
+    };
+    let out = run_schedule(&schedule, &SimOptions::default()).expect("runs");
+    assert_clean(&schedule, &out);
+    let trace = out.trace_text();
+    assert!(out.stats.takeovers >= 1, "{trace}");
+    assert!(
+        trace.contains("takeover after `partition of i0`"),
+        "{trace}"
+    );
+}
+
 /// The first multi-instance seed (below `limit`) on which `sabotage` makes `invariant` fail.
 fn first_caught(sabotage: Sabotage, invariant: Invariant, limit: u64) -> Option<u64> {
     let opts = SimOptions {

@@ -123,6 +123,8 @@ fn thousands_of_fault_schedules_hold_every_invariant() {
             "cut_off_leader",
             "thaw",
             "zombie",
+            "slow_lease_calls",
+            "hanging_lease_calls",
         ] {
             assert!(
                 stats.faults.get(kind).copied().unwrap_or(0) > 0,
