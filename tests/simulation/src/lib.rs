@@ -222,7 +222,7 @@ pub struct Stats {
     pub gaps: u64,
     /// Final halts, by reason.
     pub halts: BTreeMap<String, u64>,
-    /// Violations found.
+    /// Violations found (at most 20 are kept per seed).
     pub violations: u64,
     /// Virtual time simulated, in ms.
     pub virtual_ms: u64,
@@ -355,7 +355,7 @@ impl fmt::Display for Stats {
                 .iter()
                 .map(|(k, v)| format!("#{k}: {v}"))
                 .collect();
-            write!(f, " (by invariant: {})", v.join(", "))?;
+            write!(f, " (occurrences by invariant: {})", v.join(", "))?;
         }
         Ok(())
     }
