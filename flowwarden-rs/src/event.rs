@@ -34,6 +34,19 @@ impl ResumeToken {
     pub fn data(&self) -> Option<&str> {
         self.0.get_str("_data").ok()
     }
+
+    /// The order of two positions of one stream, when both tokens carry a hex `_data` string:
+    /// MongoDB documents that such tokens (4.0 and later) sort in event order by `_data`, and
+    /// the in-memory backend and the emulator issue tokens that do too. `None` for anything
+    /// else (3.6 binary tokens, foreign shapes): then the runtime does not compare.
+    pub fn position_cmp(&self, other: &ResumeToken) -> Option<std::cmp::Ordering> {
+        let hex = |t: &ResumeToken| {
+            t.data()
+                .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_hexdigit()))
+                .map(str::to_ascii_uppercase)
+        };
+        Some(hex(self)?.cmp(&hex(other)?))
+    }
 }
 
 impl fmt::Display for ResumeToken {
@@ -335,6 +348,21 @@ mod tests {
                 increment: 1
             })
         );
+    }
+
+    #[test]
+    fn tokens_with_hex_data_compare_by_position() {
+        use std::cmp::Ordering;
+        let t = |d: &str| ResumeToken::from_document(doc! {"_data": d});
+        assert_eq!(t("8200A1").position_cmp(&t("8200b2")), Some(Ordering::Less));
+        assert_eq!(
+            t("0005FF").position_cmp(&t("0005")),
+            Some(Ordering::Greater)
+        );
+        assert_eq!(t("00AB").position_cmp(&t("00ab")), Some(Ordering::Equal));
+        assert_eq!(t("zz").position_cmp(&t("00")), None);
+        let binary = ResumeToken::from_document(doc! {"_data": 1});
+        assert_eq!(binary.position_cmp(&t("00")), None);
     }
 
     #[test]

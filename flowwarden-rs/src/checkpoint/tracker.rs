@@ -5,6 +5,7 @@
 //! dead-lettered, skipped by an explicit `ErrorAction::Skip`, filtered out, unrouted, or an
 //! idle post-batch token). The checkpoint is always the end of that contiguous settled prefix.
 
+use std::cmp::Ordering;
 use std::collections::VecDeque;
 
 use super::{Checkpoint, StoredPosition};
@@ -51,6 +52,10 @@ pub(crate) struct Tracker {
     next_seq: u64,
     seen: Option<StoredPosition>,
     processed: Option<StoredPosition>,
+    /// The stored `lastSeen` that a replay from the stored `lastProcessed` has not passed yet:
+    /// written as `lastSeen` instead of the older replayed positions, so the replay never gives
+    /// up a fallback the stream could resume from.
+    seen_floor: Option<StoredPosition>,
     processed_since_save: u32,
     dirty: bool,
     /// Test-only: reintroduces the classic bug (a position counts as done on receipt).
@@ -69,6 +74,7 @@ impl Tracker {
             next_seq: 0,
             seen,
             processed,
+            seen_floor: None,
             processed_since_save: 0,
             dirty: false,
             checkpoint_on_receipt,
@@ -114,8 +120,30 @@ impl Tracker {
                 self.processed = Some(done.position.clone());
                 self.processed_since_save += 1;
             }
+            if self.seen_floor.as_ref().is_some_and(|floor| {
+                done.position.token.position_cmp(&floor.token) != Some(Ordering::Less)
+            }) {
+                // Passed (or not comparable: then the replayed position is written, as before).
+                self.seen_floor = None;
+            }
             self.seen = Some(done.position);
             self.dirty = true;
+        }
+    }
+
+    /// Called when the cursor resumed from the stored `lastProcessed` while the stored
+    /// `lastSeen` lies ahead of it (`ResumeStrategy::ProcessedFirst`): the replay in between
+    /// re-delivers positions settled before, and until it passes the stored `lastSeen`, that one
+    /// stays the written `lastSeen` (see `docs/checkpoint-resume.md`).
+    pub(crate) fn hold_seen_floor(&mut self) {
+        let ahead = match (&self.seen, &self.processed) {
+            (Some(seen), Some(processed)) => {
+                seen.token.position_cmp(&processed.token) == Some(Ordering::Greater)
+            }
+            _ => false,
+        };
+        if ahead {
+            self.seen_floor = self.seen.clone();
         }
     }
 
@@ -155,7 +183,7 @@ impl Tracker {
         Checkpoint {
             stream: stream.to_owned(),
             last_processed: self.processed.clone(),
-            last_seen: self.seen.clone(),
+            last_seen: self.seen_floor.clone().or_else(|| self.seen.clone()),
             owner: None,
             epoch: None,
             updated_at,
@@ -235,5 +263,50 @@ mod tests {
         let mut t = Tracker::new(None, None, true);
         let _a = t.receive(pos(1));
         assert_eq!(data(t.settled_seen()).as_deref(), Some("0001"));
+    }
+
+    #[test]
+    fn a_replay_from_processed_keeps_the_stored_seen_until_it_passes_it() {
+        // Stored: processed #1, seen #3 (#2 and #3 were filtered). Replaying from #1:
+        let mut t = Tracker::new(Some(pos(3)), Some(pos(1)), false);
+        t.hold_seen_floor();
+        let two = t.receive(pos(2));
+        t.settle(two, Settlement::Filtered);
+        let cp = t.snapshot("s", bson::DateTime::from_millis(0));
+        assert_eq!(
+            data(cp.last_seen.as_ref()).as_deref(),
+            Some("0003"),
+            "not back to #2"
+        );
+        assert_eq!(
+            data(t.settled_seen()).as_deref(),
+            Some("0002"),
+            "resumes in-process from #2"
+        );
+        let three = t.receive(pos(3));
+        t.settle(three, Settlement::Handled);
+        let four = t.receive(pos(4));
+        t.settle(four, Settlement::Filtered);
+        let cp = t.snapshot("s", bson::DateTime::from_millis(0));
+        assert_eq!(
+            data(cp.last_seen.as_ref()).as_deref(),
+            Some("0004"),
+            "passed: follows again"
+        );
+        assert_eq!(data(cp.last_processed.as_ref()).as_deref(), Some("0003"));
+
+        // Nothing to hold when seen is not ahead of processed, or tokens do not compare.
+        let mut t = Tracker::new(Some(pos(1)), Some(pos(1)), false);
+        t.hold_seen_floor();
+        assert!(t.seen_floor.is_none());
+        let opaque = StoredPosition {
+            token: ResumeToken::from_document(
+                bson::doc! {"_data": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![1] }},
+            ),
+            ..pos(0)
+        };
+        let mut t = Tracker::new(Some(opaque), Some(pos(1)), false);
+        t.hold_seen_floor();
+        assert!(t.seen_floor.is_none());
     }
 }

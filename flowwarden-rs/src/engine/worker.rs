@@ -303,6 +303,9 @@ impl<H: StreamHandler> Worker<H> {
             match self.env.source.open(spec, candidate.at.clone()).await {
                 Ok(cursor) => {
                     debug!(stream = name, at = %candidate.at, "cursor opened");
+                    if candidate.kind == CandidateKind::Processed {
+                        self.progress.tracker.hold_seen_floor();
+                    }
                     if let Some(token) = cursor.initial_position() {
                         self.receive_idle(token);
                         self.persist_start_position().await?;

@@ -678,28 +678,20 @@ impl WorldState {
                 );
             }
         }
-        // 7: the stored checkpoint never moves backwards. Two allowances: down to what this
-        // runtime's source delivered again after moving back (the runtime processes
-        // redeliveries again; tokens are opaque to it); and under `ProcessedFirst`, lastSeen
-        // follows the replay from the stored lastProcessed (never below it).
+        // 7: the stored checkpoint never moves backwards. One allowance: down to what this
+        // runtime's source delivered again after moving back (the in-memory `rewind` fault; the
+        // runtime processes redeliveries again). A `ProcessedFirst` replay gets none: the
+        // runtime keeps the stored lastSeen until the replay passes it.
         if let Some(prev) = self.last_written.clone() {
             let floor = self.rewound_to.get(&inc).copied();
-            let processed_first =
-                self.settings.resume_strategy == flowwarden::ResumeStrategy::ProcessedFirst;
             for (label, before, after) in [
                 ("lastSeen", prev.seen, seen),
                 ("lastProcessed", prev.processed, processed),
             ] {
                 if let Some(b) = before {
-                    let replay = label == "lastSeen"
-                        && processed_first
-                        && after.is_some_and(|a| prev.processed.is_some_and(|p| p <= a));
                     if after.is_some_and(|a| a < b && floor.is_some_and(|f| f <= a)) {
                         let (a, f) = (after.unwrap_or(0), floor.unwrap_or(0));
                         self.log(format!("{tag}the stored {label} moves back from #{b} to #{a}: the source redelivered from #{f}"));
-                    } else if after.is_some_and(|a| a < b) && replay {
-                        let a = after.unwrap_or(0);
-                        self.log(format!("{tag}the stored lastSeen moves back from #{b} to #{a}, replaying from lastProcessed {} (ProcessedFirst)", pos_seq(prev.processed)));
                     } else if after.is_none_or(|a| a < b) {
                         self.violate(
                             Invariant::CheckpointMovesBackwards,

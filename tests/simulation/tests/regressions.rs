@@ -1,26 +1,19 @@
-//! OPEN ISSUES FOUND BY THE SIMULATION, not fixed yet: each test states the behaviour we want
-//! and fails on the runtime as it is, so it is `#[ignore]`d with the reason. Run them with
-//! `cargo test -p flowwarden-simulation --test open_issues -- --ignored`.
+//! Schedules the simulation once failed on, written out by hand so each stays covered whatever
+//! the seeds generate.
 
 use flowwarden::{OnHistoryLost, ResumeStrategy};
 use flowwarden_simulation::{
     run_schedule, Behaviour, FilterKind, PipelineKind, Schedule, Settings, SimOptions, Step,
 };
 
-/// Found by invariant 7 (seed 3300, shrunk to 6 steps; across a change of leader: seed 12526, shrunk to 8 steps).
+/// Found by invariant 7 (seed 3300, shrunk to 6 steps; across a change of leader: seed 12526).
 /// Under `resume_strategy = ProcessedFirst`, a restarted (or newly elected) runtime resumes
-/// after `lastProcessed` and replays what lies between it and `lastSeen`; the tracker's seen
-/// position follows the replay, so the next checkpoint write moves `lastSeen` *back*. Nothing
-/// is lost by that write itself (both tokens stay settled positions), but a resumable fallback
-/// is given up: here `lastSeen #3` would survive the truncation to `#4..`, the rewritten
-/// `lastSeen #2` does not, and the stream halts `HistoryLost` (under `ResumeFromNow` or
-/// `ResumeFromOplogStart` it would accept a gap, loudly) where it could have resumed.
-///
-/// A fix needs positions the runtime can compare (tokens are opaque to it today, and the
-/// stored `lastSeen` is often an idle post-batch token that no replayed event equals): keep
-/// the stored `lastSeen` until the replay passes it.
+/// after `lastProcessed` and replays what lies between it and `lastSeen`. It used to write the
+/// replayed, older positions as `lastSeen`, giving up a resumable fallback: here `lastSeen #3`
+/// survives the truncation to `#4..`, a rewritten `lastSeen #2` does not, and the stream halted
+/// `HistoryLost` where it could resume. The runtime now keeps the stored `lastSeen` until the
+/// replay passes it (`ResumeToken::position_cmp`).
 #[test]
-#[ignore = "open issue: a ProcessedFirst replay moves lastSeen back and loses a resumable fallback"]
 fn a_processed_first_replay_keeps_the_stored_last_seen() {
     let settings = Settings {
         keys: 2,
