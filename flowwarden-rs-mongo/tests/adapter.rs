@@ -95,10 +95,17 @@ async fn idle_ticks_carry_advancing_post_batch_tokens() {
         drop(c);
         insert(&backend, "orders", [7]).await;
         let mut c = backend
-            .open(&spec("orders", vec![]), StartAt::ResumeAfter(last))
+            .open(&spec("orders", vec![]), StartAt::ResumeAfter(last.clone()))
             .await
             .expect("resume after the idle token");
-        assert_eq!(key_of(&next_event(&mut c).await.expect("event")), 7);
+        let ev = next_event(&mut c).await.expect("event");
+        assert_eq!(key_of(&ev), 7);
+        // Idle and event tokens compare in stream order by `_data`, as MongoDB documents.
+        assert_eq!(
+            last.position_cmp(&token_of(&ev)),
+            Some(std::cmp::Ordering::Less)
+        );
+        assert_eq!(first.position_cmp(&last), Some(std::cmp::Ordering::Less));
     })
     .await;
 }
