@@ -8,14 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
-use flowwarden::definition::SourceLocation;
 use flowwarden::{
-    AnyStream, ChangeContext, CheckpointConfig, ErrorAction, HandlerError, HandlerFuture,
-    RestartConfig, RetryConfig, Runtime, StreamDefinition, StreamHandler, StreamStatus,
+    AnyStream, ChangeContext, HandlerFuture, Runtime, StreamDefinition, StreamHandler, StreamStatus,
 };
 use flowwarden_rs_mongo::MongoBackend;
-use futures::future::BoxFuture;
-use futures::FutureExt;
 use mongo_emulator::Emulator;
 use mongodb::Collection;
 
@@ -175,145 +171,7 @@ impl Target {
     }
 }
 
-/// One handler invocation, as the probe saw it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Call {
-    pub op: String,
-    pub key: Option<Bson>,
-    /// The token's `_data`.
-    pub token: String,
-    pub attempt: u32,
-}
-
-type Behaviour = Arc<
-    dyn Fn(Arc<ChangeContext<Document>>) -> BoxFuture<'static, Result<(), HandlerError>>
-        + Send
-        + Sync,
->;
-type FilterFn = Arc<dyn Fn(&ChangeContext<Document>) -> bool + Send + Sync>;
-
-/// A handler (like `#[on_change]`: it takes every operation) whose behaviour each test sets;
-/// it records every invocation and every success.
-#[derive(Clone)]
-pub struct Probe {
-    pub calls: Arc<Mutex<Vec<Call>>>,
-    pub successes: Arc<Mutex<Vec<Call>>>,
-    behaviour: Behaviour,
-    filter: Option<FilterFn>,
-}
-
-impl Default for Probe {
-    fn default() -> Self {
-        Self::new(|_| async { Ok(()) }.boxed())
-    }
-}
-
-impl Probe {
-    pub fn new(
-        f: impl Fn(Arc<ChangeContext<Document>>) -> BoxFuture<'static, Result<(), HandlerError>>
-            + Send
-            + Sync
-            + 'static,
-    ) -> Self {
-        Self {
-            calls: Arc::default(),
-            successes: Arc::default(),
-            behaviour: Arc::new(f),
-            filter: None,
-        }
-    }
-
-    pub fn with_filter(
-        mut self,
-        f: impl Fn(&ChangeContext<Document>) -> bool + Send + Sync + 'static,
-    ) -> Self {
-        self.filter = Some(Arc::new(f));
-        self
-    }
-
-    pub fn calls(&self) -> Vec<Call> {
-        self.calls.lock().expect("lock").clone()
-    }
-
-    pub fn successes(&self) -> Vec<Call> {
-        self.successes.lock().expect("lock").clone()
-    }
-
-    /// Keys of successful invocations, in order.
-    pub fn handled_keys(&self) -> Vec<Bson> {
-        self.successes().into_iter().filter_map(|c| c.key).collect()
-    }
-
-    /// The token of the (first) successful invocation for `key`.
-    pub fn token_for(&self, key: i32) -> Option<String> {
-        self.successes()
-            .into_iter()
-            .find(|c| c.key == Some(Bson::Int32(key)))
-            .map(|c| c.token)
-    }
-}
-
-fn call_of<T>(ctx: &ChangeContext<T>) -> Call {
-    Call {
-        op: ctx.operation_type().to_string(),
-        key: ctx.document_key().and_then(|k| k.get("_id").cloned()),
-        token: ctx.resume_token().data().unwrap_or_default().to_owned(),
-        attempt: ctx.attempt(),
-    }
-}
-
-static DEFAULT_DEF: StreamDefinition = StreamDefinition {
-    name: "probe",
-    type_name: "Probe",
-    database: None,
-    collection: "orders",
-    full_document: flowwarden::FullDocument::Default,
-    full_document_before_change: flowwarden::FullDocumentBeforeChange::Off,
-    enabled: true,
-    auto_start: true,
-    checkpoint: CheckpointConfig::DEFAULT,
-    retry: RetryConfig::DEFAULT,
-    restart: RestartConfig::DEFAULT,
-    deployment: flowwarden::Deployment::AllInstances,
-    source: SourceLocation {
-        file: file!(),
-        line: line!(),
-    },
-};
-
-impl StreamHandler for Probe {
-    type Document = Document;
-
-    fn definition() -> &'static StreamDefinition {
-        &DEFAULT_DEF
-    }
-
-    fn filter(&self, ctx: &ChangeContext<Document>) -> bool {
-        self.filter.as_ref().is_none_or(|f| f(ctx))
-    }
-
-    fn handle(self: Arc<Self>, ctx: Arc<ChangeContext<Document>>) -> Option<HandlerFuture> {
-        let call = call_of(&ctx);
-        self.calls.lock().expect("lock").push(call.clone());
-        let fut = (self.behaviour)(ctx);
-        let successes = self.successes.clone();
-        Some(Box::pin(async move {
-            let r = fut.await;
-            if r.is_ok() {
-                successes.lock().expect("lock").push(call);
-            }
-            r
-        }))
-    }
-
-    fn on_error(
-        &self,
-        _error: &HandlerError,
-        _ctx: &ChangeContext<Document>,
-    ) -> Option<ErrorAction> {
-        None
-    }
-}
+pub use flowwarden_testkit::{Probe, PROBE_DEF as DEFAULT_DEF};
 
 /// A typed document, for decode failures.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
@@ -346,26 +204,10 @@ impl StreamHandler for TypedProbe {
     }
 }
 
-/// A definition with test-friendly settings (short delays, no jitter, heartbeat every
-/// second), adjusted by `f`. Leaked: tests are short-lived.
+/// A definition with test-friendly settings (short delays from 10 ms, no jitter, heartbeat
+/// every second), adjusted by `f`.
 pub fn def(name: &'static str, f: impl FnOnce(&mut StreamDefinition)) -> &'static StreamDefinition {
-    let mut d = DEFAULT_DEF.clone();
-    d.name = name;
-    d.retry = RetryConfig {
-        max_attempts: 3,
-        initial_delay_ms: 10,
-        multiplier: 2.0,
-        max_delay_ms: 50,
-        jitter: false,
-    };
-    d.restart = RestartConfig {
-        max_attempts: 0,
-        initial_delay_ms: 10,
-        max_delay_ms: 100,
-    };
-    d.checkpoint.save_interval_secs = 1;
-    f(&mut d);
-    Box::leak(Box::new(d))
+    flowwarden_testkit::probe_def(name, 10, f)
 }
 
 /// Starts a runtime running only `stream` on the target's backend.
