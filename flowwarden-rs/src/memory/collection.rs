@@ -2,6 +2,7 @@
 //! set, so change streams see it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use bson::{doc, oid::ObjectId, Bson, Document};
 
@@ -13,7 +14,8 @@ use crate::matcher::{Filter, MatchError};
 /// Documents of one collection, by `_id`.
 #[derive(Debug, Default)]
 pub(crate) struct Coll {
-    docs: BTreeMap<String, Document>,
+    /// Shared with the oplog entries that carry them as post- or pre-images: one copy each.
+    docs: BTreeMap<String, Arc<Document>>,
 }
 
 /// An error of an in-memory collection operation.
@@ -100,6 +102,7 @@ impl MemoryCollection {
             if c.docs.contains_key(&key) {
                 return Err(MemoryError::DuplicateKey(id.to_string()));
             }
+            let doc = Arc::new(doc);
             c.docs.insert(key, doc.clone());
             st.append(
                 db,
@@ -161,7 +164,7 @@ impl MemoryCollection {
             });
             match found {
                 Some((key, before)) => {
-                    let mut after = before.clone();
+                    let mut after = (*before).clone();
                     let changes = apply_update(&mut after, &update, false)?;
                     if replacement {
                         if let Some(id) = before.get("_id") {
@@ -170,7 +173,7 @@ impl MemoryCollection {
                             after = with_id;
                         }
                     }
-                    if after == before {
+                    if after == *before {
                         return Ok(UpdateOutcome {
                             matched: 1,
                             modified: 0,
@@ -178,6 +181,7 @@ impl MemoryCollection {
                         });
                     }
                     let id = before.get("_id").cloned().unwrap_or(Bson::Null);
+                    let after = Arc::new(after);
                     if let Some(c) = st.collections.get_mut(&ns) {
                         c.docs.insert(key, after.clone());
                     }
@@ -210,6 +214,7 @@ impl MemoryCollection {
                         doc = with_id;
                     }
                     let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+                    let doc = Arc::new(doc);
                     st.collections
                         .entry(ns)
                         .or_default()
@@ -289,7 +294,13 @@ impl MemoryCollection {
         Ok(st
             .collections
             .get(&(self.db.clone(), self.name.clone()))
-            .map(|c| c.docs.values().filter(|d| f.matches(d)).cloned().collect())
+            .map(|c| {
+                c.docs
+                    .values()
+                    .filter(|d| f.matches(d))
+                    .map(|d| (**d).clone())
+                    .collect()
+            })
             .unwrap_or_default())
     }
 
@@ -346,8 +357,8 @@ impl State {
         coll: &str,
         kind: OpKind,
         key: Option<Document>,
-        post: Option<Document>,
-        pre: Option<Document>,
+        post: Option<Arc<Document>>,
+        pre: Option<Arc<Document>>,
         wall: bson::DateTime,
     ) -> u64 {
         let seq = self.next_seq;
@@ -377,6 +388,6 @@ impl State {
             .get(&(db.to_owned(), coll.to_owned()))?
             .docs
             .get(&id_key(id))
-            .cloned()
+            .map(|d| (**d).clone())
     }
 }

@@ -1,5 +1,7 @@
 //! Oplog entries of the in-memory backend, their tokens, and the change events built from them.
 
+use std::sync::Arc;
+
 use bson::{doc, Bson, DateTime, Document, Timestamp};
 
 use crate::definition::{FullDocument, FullDocumentBeforeChange};
@@ -26,9 +28,9 @@ pub(crate) struct Entry {
     pub(crate) kind: OpKind,
     pub(crate) key: Option<Document>,
     /// The document after the write (post-image), for insert, update and replace.
-    pub(crate) post: Option<Document>,
+    pub(crate) post: Option<Arc<Document>>,
     /// The document before the write (pre-image), for update, replace and delete.
-    pub(crate) pre: Option<Document>,
+    pub(crate) pre: Option<Arc<Document>>,
     pub(crate) wall: DateTime,
 }
 
@@ -121,7 +123,7 @@ impl Entry {
         }
         match &self.kind {
             OpKind::Insert | OpKind::Replace => {
-                ev.insert("fullDocument", opt(self.post.clone()));
+                ev.insert("fullDocument", image(self.post.as_ref()));
             }
             OpKind::Update(changes) => {
                 ev.insert(
@@ -138,7 +140,7 @@ impl Entry {
                         ev.insert("fullDocument", opt(current.cloned()));
                     }
                     FullDocument::WhenAvailable | FullDocument::Required => {
-                        ev.insert("fullDocument", opt(self.post.clone()));
+                        ev.insert("fullDocument", image(self.post.as_ref()));
                     }
                 }
             }
@@ -153,7 +155,7 @@ impl Entry {
                 OpKind::Update(_) | OpKind::Replace | OpKind::Delete
             )
         {
-            ev.insert("fullDocumentBeforeChange", opt(self.pre.clone()));
+            ev.insert("fullDocumentBeforeChange", image(self.pre.as_ref()));
         }
         ev
     }
@@ -171,6 +173,10 @@ impl Entry {
 
 fn opt(d: Option<Document>) -> Bson {
     d.map(Bson::Document).unwrap_or(Bson::Null)
+}
+
+fn image(d: Option<&Arc<Document>>) -> Bson {
+    opt(d.map(|d| (**d).clone()))
 }
 
 #[cfg(test)]
