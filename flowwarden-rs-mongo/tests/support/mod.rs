@@ -240,22 +240,12 @@ pub async fn wait_status(
     name: &str,
     pred: impl Fn(&StreamStatus) -> bool,
 ) -> StreamStatus {
-    tokio::time::timeout(Duration::from_secs(20), rt.handle().wait_for(name, pred))
-        .await
-        .expect("status reached within 20 s")
-        .expect("stream exists")
+    flowwarden_testkit::wait_status_within(rt, name, Duration::from_secs(20), pred).await
 }
 
 /// Waits until `cond` holds, polling (bounded).
-pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+pub async fn wait_until(what: &str, cond: impl FnMut() -> bool) {
+    flowwarden_testkit::wait_until_within(what, Duration::from_secs(20), cond).await
 }
 
 /// `Bson::Int32` keys.

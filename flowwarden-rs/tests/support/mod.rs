@@ -64,22 +64,12 @@ pub async fn wait_status(
     name: &str,
     pred: impl Fn(&StreamStatus) -> bool,
 ) -> StreamStatus {
-    tokio::time::timeout(Duration::from_secs(60), rt.handle().wait_for(name, pred))
-        .await
-        .expect("status reached within 60 s")
-        .expect("stream exists")
+    flowwarden_testkit::wait_status_within(rt, name, Duration::from_secs(60), pred).await
 }
 
 /// Waits until `cond` holds, polling (bounded).
-pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+pub async fn wait_until(what: &str, cond: impl FnMut() -> bool) {
+    flowwarden_testkit::wait_until_within(what, Duration::from_secs(60), cond).await
 }
 
 /// The `_data` of the stored lastSeen / lastProcessed tokens of a stream.

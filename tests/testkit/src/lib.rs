@@ -4,12 +4,13 @@
 //! settings. Each test crate adds what is particular to its backend around these.
 
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use bson::{Bson, Document};
 use flowwarden::definition::SourceLocation;
 use flowwarden::{
     ChangeContext, CheckpointConfig, ErrorAction, HandlerError, HandlerFuture, RestartConfig,
-    RetryConfig, StreamDefinition, StreamHandler,
+    RetryConfig, Runtime, StreamDefinition, StreamHandler, StreamStatus,
 };
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -214,4 +215,30 @@ pub fn probe_def(
     d.checkpoint.save_interval_secs = 1;
     f(&mut d);
     Box::leak(Box::new(d))
+}
+
+/// Waits until the status of stream `name` satisfies `pred`; panics after `bound` (virtual
+/// time under `tokio::time::pause`, real time otherwise).
+pub async fn wait_status_within(
+    rt: &Runtime,
+    name: &str,
+    bound: Duration,
+    pred: impl Fn(&StreamStatus) -> bool,
+) -> StreamStatus {
+    tokio::time::timeout(bound, rt.handle().wait_for(name, pred))
+        .await
+        .unwrap_or_else(|_| panic!("status of '{name}' reached within {bound:?}"))
+        .expect("stream exists")
+}
+
+/// Waits until `cond` holds, polling every 10 ms; panics naming `what` after `bound`.
+pub async fn wait_until_within(what: &str, bound: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + bound;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
