@@ -44,6 +44,22 @@ impl State {
         let current = self.leases.get(stream).map(|l| (l.owner.as_str(), l.epoch));
         check_fence(stream, current, owner, epoch)
     }
+
+    /// Rejects a write with `epoch` when the stored checkpoint of `key` was claimed or written
+    /// with a newer one.
+    pub(crate) fn check_checkpoint_epoch(&self, key: &str, epoch: i64) -> Result<(), StoreError> {
+        let stored = self
+            .checkpoints
+            .get(key)
+            .and_then(|d| d.get_i64("epoch").ok());
+        match stored {
+            Some(s) if s > epoch => Err(StoreError::new(
+                StoreErrorKind::Fenced,
+                format!("checkpoint of '{key}' was claimed or written with epoch {s} > {epoch}"),
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 #[async_trait]

@@ -75,24 +75,6 @@ impl CheckpointStore for MemoryBackend {
     }
 }
 
-impl super::State {
-    /// Rejects a write with `epoch` when the stored checkpoint of `key` was claimed or written
-    /// with a newer one.
-    fn check_checkpoint_epoch(&self, key: &str, epoch: i64) -> Result<(), StoreError> {
-        let stored = self
-            .checkpoints
-            .get(key)
-            .and_then(|d| d.get_i64("epoch").ok());
-        match stored {
-            Some(s) if s > epoch => Err(StoreError::new(
-                StoreErrorKind::Fenced,
-                format!("checkpoint of '{key}' was claimed or written with epoch {s} > {epoch}"),
-            )),
-            _ => Ok(()),
-        }
-    }
-}
-
 #[async_trait]
 impl DeadLetterStore for MemoryBackend {
     async fn put(&self, record: &DeadLetterRecord) -> Result<PutOutcome, StoreError> {
