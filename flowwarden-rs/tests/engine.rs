@@ -817,6 +817,36 @@ async fn dropping_the_collection_delivers_drop_and_invalidate_then_stops_with_th
     assert_eq!(st.state, StreamState::Stopped);
 }
 
+/// A stream without `#[on_change]` leaves drop and invalidate unrouted. The invalidate is
+/// settled all the same, so a restart after the collection was recreated starts after it
+/// (under the default `ProcessedFirst` too) and reads the new collection, instead of replaying
+/// the drop and halting `Invalidated` again.
+#[tokio::test(start_paused = true)]
+async fn a_restart_after_an_unrouted_invalidate_reads_the_recreated_collection() {
+    let backend = MemoryBackend::new();
+    let probe = Probe::default().routing_only(&["insert"]);
+    let d = def("recreated", |_| {});
+    assert_eq!(d.checkpoint.resume_strategy, ResumeStrategy::ProcessedFirst);
+    let rt = start(&backend, &probe, d).await;
+    insert_ids(&backend, [1]);
+    wait_until("1 handled", || probe.successes().len() == 1).await;
+    backend.collection("orders").drop_collection();
+    let st = wait_status(&rt, "recreated", |s| s.halt.is_some()).await;
+    rt.shutdown().await;
+    assert_eq!(st.halt.unwrap().reason, HaltReason::Invalidated);
+
+    insert_ids(&backend, [2, 3]);
+    let rt = start(&backend, &probe, d).await;
+    wait_until("the recreated collection's inserts", || {
+        probe.handled_keys() == ids(&[1, 2, 3])
+    })
+    .await;
+    let st = rt.handle().status("recreated").unwrap();
+    rt.shutdown().await;
+    assert!(st.halt.is_none(), "halted again: {:?}", st.halt);
+    assert_eq!(st.state, StreamState::Running);
+}
+
 #[tokio::test(start_paused = true)]
 async fn checkpoint_store_outages_delay_progress_but_lose_nothing() {
     let backend = MemoryBackend::new();

@@ -119,6 +119,10 @@ impl Tracker {
             if how.is_processed() {
                 self.processed = Some(done.position.clone());
                 self.processed_since_save += 1;
+            } else if done.position.start_after {
+                // A settled invalidate ends the stream whether a handler took it or not: both
+                // tokens move past it, so neither resume strategy replays it (and halts again).
+                self.processed = Some(done.position.clone());
             }
             if self.seen_floor.as_ref().is_some_and(|floor| {
                 done.position.token.position_cmp(&floor.token) != Some(Ordering::Less)
@@ -237,6 +241,24 @@ mod tests {
         t.receive_idle(pos(3));
         assert_eq!(data(t.settled_processed()).as_deref(), Some("0001"));
         assert_eq!(data(t.settled_seen()).as_deref(), Some("0003"));
+    }
+
+    #[test]
+    fn an_unrouted_invalidate_moves_both_tokens_past_it() {
+        let mut t = Tracker::new(None, None, false);
+        let a = t.receive(pos(1));
+        t.settle(a, Settlement::Handled);
+        let drop = t.receive(pos(2));
+        t.settle(drop, Settlement::Unrouted);
+        let invalidate = t.receive(StoredPosition {
+            start_after: true,
+            ..pos(3)
+        });
+        t.settle(invalidate, Settlement::Unrouted);
+        assert_eq!(data(t.settled_seen()).as_deref(), Some("0003"));
+        let processed = t.settled_processed().expect("processed");
+        assert_eq!(data(Some(processed)).as_deref(), Some("0003"));
+        assert!(processed.start_after, "resumed with startAfter");
     }
 
     #[test]

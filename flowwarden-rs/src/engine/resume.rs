@@ -50,12 +50,17 @@ impl ResumePlan {
         }
         let processed = stored.and_then(|c| c.last_processed.as_ref());
         let seen = stored.and_then(|c| c.last_seen.as_ref());
+        // A stored `lastSeen` that starts after an invalidate was settled: the stream ended
+        // there, and resuming before it would replay the invalidate and halt again (checkpoints
+        // written before the tracker moved `lastProcessed` past a settled invalidate have it
+        // only in `lastSeen`). It comes first whatever the strategy.
+        let seen_ends_stream = seen.is_some_and(|s| s.start_after);
         let ordered = match def.checkpoint.resume_strategy {
-            ResumeStrategy::ProcessedFirst => [
+            ResumeStrategy::ProcessedFirst if !seen_ends_stream => [
                 (processed, CandidateKind::Processed),
                 (seen, CandidateKind::Seen),
             ],
-            ResumeStrategy::SeenFirst => [
+            ResumeStrategy::SeenFirst | ResumeStrategy::ProcessedFirst => [
                 (seen, CandidateKind::Seen),
                 (processed, CandidateKind::Processed),
             ],
@@ -191,6 +196,20 @@ mod tests {
             Some(&cp()),
         );
         assert_eq!(p.candidate().map(|c| &c.at), Some(&StartAt::Now));
+    }
+
+    #[test]
+    fn a_seen_invalidate_comes_first_under_both_strategies() {
+        let mut c = cp();
+        if let Some(seen) = c.last_seen.as_mut() {
+            seen.start_after = true;
+        }
+        for strategy in [ResumeStrategy::ProcessedFirst, ResumeStrategy::SeenFirst] {
+            let p = ResumePlan::initial(&def(strategy, StartPosition::Resume), Some(&c));
+            let first = p.candidate().expect("a candidate");
+            assert_eq!(first.kind, CandidateKind::Seen, "{strategy:?}");
+            assert!(matches!(first.at, StartAt::StartAfter(_)), "{strategy:?}");
+        }
     }
 
     #[test]

@@ -59,6 +59,9 @@ pub struct Probe {
     behaviour: Behaviour,
     filter: Option<FilterFn>,
     on_error: Option<OnErrorFn>,
+    /// When set, only these operation types are routed to the handler (like a stream with
+    /// `#[on_insert]` and no `#[on_change]`); the others are unrouted.
+    routes: Option<Arc<[&'static str]>>,
 }
 
 impl Default for Probe {
@@ -85,7 +88,15 @@ impl Probe {
             behaviour: Arc::new(f),
             filter: None,
             on_error: None,
+            routes: None,
         }
+    }
+
+    /// Routes only the operation types in `ops` (for example `["insert"]`); every other event
+    /// is unrouted, as in a stream without `#[on_change]`.
+    pub fn routing_only(mut self, ops: &[&'static str]) -> Self {
+        self.routes = Some(ops.into());
+        self
     }
 
     /// Adds a client-side filter (`#[filter]`).
@@ -162,6 +173,11 @@ impl StreamHandler for Probe {
     }
 
     fn handle(self: Arc<Self>, ctx: Arc<ChangeContext<Document>>) -> Option<HandlerFuture> {
+        if let Some(routes) = &self.routes {
+            if !routes.contains(&ctx.operation_type().as_str()) {
+                return None;
+            }
+        }
         let call = Call::of(&ctx);
         self.calls
             .lock()
