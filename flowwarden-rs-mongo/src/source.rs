@@ -18,7 +18,7 @@ use flowwarden::{
 };
 use mongodb::change_stream::ChangeStream;
 use mongodb::options::{FullDocumentBeforeChangeType, FullDocumentType};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::classify::classify;
 use crate::token::{event_token, from_driver, to_driver};
@@ -86,7 +86,9 @@ fn split_requested(stream: &str, pipeline: &[Document]) -> Result<bool, SourceEr
 }
 
 impl MongoBackend {
-    /// The time of the oldest retained oplog entry, read from `local.oplog.rs`.
+    /// The time of the oldest retained oplog entry, read from `local.oplog.rs` (needs `find` on
+    /// the `local` database). `None` when the collection returns nothing: an empty oplog, or a
+    /// `mongos`, where `local.oplog.rs` is not the shards' oplog.
     pub async fn oldest_oplog_time(&self) -> Result<Option<Timestamp>, mongodb::error::Error> {
         let oldest = self
             .client
@@ -100,6 +102,57 @@ impl MongoBackend {
             Some(Bson::Timestamp(ts)) => Some(*ts),
             _ => None,
         }))
+    }
+
+    /// The time of the oldest retained oplog entry as `serverStatus` reports it
+    /// (`{serverStatus: 1, oplog: 1}`, section `oplog.earliestOptime`; needs the
+    /// `serverStatus` action, granted by `clusterMonitor`). `None` when the reply has no such
+    /// section (a `mongos`, a standalone).
+    pub async fn earliest_optime(&self) -> Result<Option<Timestamp>, mongodb::error::Error> {
+        let reply = self
+            .client
+            .database("admin")
+            .run_command(doc! { "serverStatus": 1, "oplog": 1 })
+            .await?;
+        Ok(
+            match reply.get_document("oplog").map(|o| o.get("earliestOptime")) {
+                Ok(Some(Bson::Timestamp(ts))) => Some(*ts),
+                _ => None,
+            },
+        )
+    }
+
+    /// Where the oldest retained entry is: `local.oplog.rs` first, then `serverStatus`. When
+    /// neither can tell, the error explains each attempt; the caller must not guess.
+    async fn oldest_retained(&self, stream: &str) -> Result<Timestamp, SourceError> {
+        let oplog = match self.oldest_oplog_time().await {
+            Ok(Some(ts)) => return Ok(ts),
+            Ok(None) => "local.oplog.rs returned no entry (an empty oplog, or a mongos)".to_owned(),
+            Err(e) => format!(
+                "reading local.oplog.rs failed ({}; it needs `find` on the local database)",
+                crate::short_error(&e)
+            ),
+        };
+        let status = match self.earliest_optime().await {
+            Ok(Some(ts)) => {
+                debug!(
+                    stream,
+                    "oldest retained entry read from serverStatus (oplog.earliestOptime)"
+                );
+                return Ok(ts);
+            }
+            Ok(None) => {
+                "serverStatus has no oplog.earliestOptime (a mongos or a standalone)".to_owned()
+            }
+            Err(e) => format!(
+                "serverStatus failed ({}; it needs the serverStatus action, role clusterMonitor)",
+                crate::short_error(&e)
+            ),
+        };
+        Err(SourceError::new(
+            SourceErrorKind::OldestUnknown,
+            format!("stream '{stream}': the oldest retained oplog entry cannot be determined: {oplog}; {status}. Grant one of these privileges (docs/mongodb.md, Privileges) or choose on_history_lost = ResumeFromNow"),
+        ))
     }
 }
 
@@ -130,17 +183,10 @@ impl ChangeSource for MongoBackend {
             watch = watch.max_await_time(spec.max_await);
         }
         let at = match at {
-            StartAt::OldestAvailable => match self.oldest_oplog_time().await {
-                Ok(Some(ts)) => StartAt::OperationTime(ts),
-                Ok(None) => {
-                    warn!(stream = spec.stream, "the oplog is empty or unreadable; starting at now instead of the oldest entry");
-                    StartAt::Now
-                }
-                Err(e) => {
-                    warn!(stream = spec.stream, error = %crate::short_error(&e), "cannot read the oldest oplog entry (local.oplog.rs needs the `find` privilege on the local database); starting at now instead");
-                    StartAt::Now
-                }
-            },
+            // Never "now" in place of the oldest entry: that would skip the retained history.
+            StartAt::OldestAvailable => {
+                StartAt::OperationTime(self.oldest_retained(spec.stream).await?)
+            }
             other => other,
         };
         watch = match &at {

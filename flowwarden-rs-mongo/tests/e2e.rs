@@ -209,6 +209,18 @@ async fn history_lost_run(
         OnHistoryLost::ResumeFromOplogStart => "lost-oplog-start",
         OnHistoryLost::ResumeFromNow => "lost-now",
     };
+    history_lost_run_as(t, name, policy, |_| {}, policy == OnHistoryLost::Fail).await
+}
+
+/// [`history_lost_run`] under stream `name`, with `restrict` applied to the server before the
+/// restart; `halts` says whether the restarted stream is expected to halt.
+async fn history_lost_run_as(
+    t: &Target,
+    name: &'static str,
+    policy: OnHistoryLost,
+    restrict: impl FnOnce(&Target),
+    halts: bool,
+) -> (Probe, flowwarden::StreamStatus, &'static str) {
     let d = def(name, |d| d.checkpoint.on_history_lost = policy);
     let probe = Probe::default();
     let rt = start(t, &probe, d).await;
@@ -218,10 +230,11 @@ async fn history_lost_run(
     // While the stream is down, more changes happen and history is truncated past its position.
     t.insert_ids([3, 4, 5]).await;
     t.emu().keep_last_oplog_entries(2); // keeps 4 and 5: 3 is gone
+    restrict(t);
     let probe = Probe::default();
     let rt = start(t, &probe, d).await;
-    let st = match policy {
-        OnHistoryLost::Fail => {
+    let st = match halts {
+        true => {
             wait_status(&rt, name, |s| {
                 s.state == StreamState::HistoryLost && s.halt.is_some()
             })
@@ -259,6 +272,60 @@ async fn history_lost_with_resume_from_oplog_start_replays_what_is_retained(t: &
     assert_eq!(probe.handled_keys(), ids(&[4, 5, 6]));
     assert_eq!(st.counters.history_lost, 1);
     assert_eq!(st.state, StreamState::Running);
+}
+
+fn unauthorized() -> CommandError {
+    CommandError::new(13, "Unauthorized", "not authorized on admin")
+}
+
+scenario!(resume_from_oplog_start_without_local_reads_finds_the_oldest_through_server_status, emulator_only: "needs oplog truncation and privilege denial");
+async fn resume_from_oplog_start_without_local_reads_finds_the_oldest_through_server_status(
+    t: &Target,
+) {
+    let (probe, st, _) = history_lost_run_as(
+        t,
+        "lost-no-local",
+        OnHistoryLost::ResumeFromOplogStart,
+        |t| t.emu().deny_oplog_reads(true),
+        false,
+    )
+    .await;
+    assert_eq!(
+        probe.handled_keys(),
+        ids(&[4, 5, 6]),
+        "the retained history is replayed"
+    );
+    assert_eq!(st.counters.history_lost, 1);
+    assert_eq!(st.state, StreamState::Running);
+}
+
+// Neither `local.oplog.rs` nor `serverStatus` may be read: the oldest retained entry cannot
+// be known, and the stream halts instead of starting at "now" (which would skip 4 and 5).
+scenario!(resume_from_oplog_start_that_cannot_find_the_oldest_halts_and_skips_nothing, emulator_only: "needs oplog truncation and privilege denial");
+async fn resume_from_oplog_start_that_cannot_find_the_oldest_halts_and_skips_nothing(t: &Target) {
+    let name = "lost-no-privilege";
+    let (probe, st, _) = history_lost_run_as(
+        t,
+        name,
+        OnHistoryLost::ResumeFromOplogStart,
+        |t| {
+            t.emu().deny_oplog_reads(true);
+            t.emu().fail_command("serverStatus", 1_000, unauthorized());
+        },
+        true,
+    )
+    .await;
+    t.emu().fail_command("serverStatus", 0, unauthorized());
+    let halt = st.halt.expect("halted");
+    assert_eq!(halt.reason, HaltReason::HistoryLost);
+    assert_eq!(halt.runbook, "docs/runbooks/history-lost.md");
+    for part in [name, "local.oplog.rs", "serverStatus", "ResumeFromNow"] {
+        assert!(halt.message.contains(part), "{part}: {}", halt.message);
+    }
+    assert!(probe.calls().is_empty(), "nothing was handled from 'now'");
+    assert_eq!(st.counters.history_lost, 0, "no gap was taken");
+    let (_, processed) = t.stored_tokens(name).await;
+    assert!(processed.is_some(), "the checkpoint was not reset");
 }
 
 scenario!(history_lost_with_resume_from_now_skips_to_new_changes_loudly, emulator_only: "needs oplog truncation");

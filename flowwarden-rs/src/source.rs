@@ -89,6 +89,10 @@ pub enum SourceErrorKind {
     /// The stream definition is not acceptable to this source (for example an unsupported
     /// pipeline stage): fix the code.
     Configuration,
+    /// [`StartAt::OldestAvailable`] was asked for but the source cannot tell where its oldest
+    /// retained entry is (for example a MongoDB user without the privilege to read it). The
+    /// stream halts (`HistoryLost`) instead of starting anywhere else: nothing is skipped.
+    OldestUnknown,
 }
 
 /// An error from a change source.

@@ -50,6 +50,7 @@ pub(crate) async fn run_stream<H: StreamHandler>(
         rng: Rng::new(seed_for(env.options.seed, def.name)),
         restart_failures: 0,
         recent: RecentlySettled::new(4096),
+        accepted_gap: None,
         env,
     };
     worker.run().instrument(span).await
@@ -116,6 +117,14 @@ struct Worker<H: StreamHandler> {
     rng: Rng,
     restart_failures: u32,
     recent: RecentlySettled,
+    /// A gap `on_history_lost` accepted, counted once the cursor opens there.
+    accepted_gap: Option<AcceptedGap>,
+}
+
+/// What `on_history_lost` gave up: from the last checkpoint to where the stream restarts.
+struct AcceptedGap {
+    last: String,
+    restart_at: &'static str,
 }
 
 fn halt(reason: HaltReason, message: String) -> Halt {
@@ -303,6 +312,7 @@ impl<H: StreamHandler> Worker<H> {
             match self.env.source.open(spec, candidate.at.clone()).await {
                 Ok(cursor) => {
                     debug!(stream = name, at = %candidate.at, "cursor opened");
+                    self.gap_taken();
                     if candidate.kind == CandidateKind::Processed {
                         self.progress.tracker.hold_seen_floor();
                     }
@@ -397,10 +407,22 @@ impl<H: StreamHandler> Worker<H> {
             }
             OnHistoryLost::ResumeFromNow => (StartAt::Now, "now"),
         };
+        self.accepted_gap = Some(AcceptedGap {
+            last,
+            restart_at: what,
+        });
+        Ok(at)
+    }
+
+    /// The cursor opened where `on_history_lost` chose: the gap it accepted is now real, so it
+    /// is counted and logged (not before: an open that fails skips nothing).
+    fn gap_taken(&mut self) {
+        let Some(gap) = self.accepted_gap.take() else {
+            return;
+        };
         self.metrics.history_lost.increment(1);
         self.env.status.update(|s| s.counters.history_lost += 1);
-        error!(stream = name, last_checkpoint = %last, restart_at = what, runbook = HaltReason::HistoryLost.runbook(), "history lost: changes between the last checkpoint and the restart position are NOT delivered (gap accepted by on_history_lost)");
-        Ok(at)
+        error!(stream = self.def.name, last_checkpoint = %gap.last, restart_at = gap.restart_at, runbook = HaltReason::HistoryLost.runbook(), "history lost: changes between the last checkpoint and the restart position are NOT delivered (gap accepted by on_history_lost)");
     }
 
     fn fatal(&self, e: &SourceError) -> Halt {
@@ -408,8 +430,15 @@ impl<H: StreamHandler> Worker<H> {
         let reason = match e.kind {
             SourceErrorKind::TooLarge => HaltReason::EventTooLarge,
             SourceErrorKind::Configuration => HaltReason::Configuration,
+            SourceErrorKind::OldestUnknown => HaltReason::HistoryLost,
             _ => HaltReason::SourceFatal,
         };
+        if e.kind == SourceErrorKind::OldestUnknown {
+            return halt(
+                reason,
+                format!("stream '{name}' cannot resume: its history is lost and on_history_lost = ResumeFromOplogStart, but {}; nothing was skipped and the stream is halted", e.message),
+            );
+        }
         halt(
             reason,
             format!("stream '{name}': the source cannot continue: {e}"),

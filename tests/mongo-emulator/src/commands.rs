@@ -51,6 +51,9 @@ pub(crate) struct State {
     pub(crate) me: String,
     /// Added to the real clock to give the server's time (`$$NOW`); moved by tests.
     pub(crate) clock_offset_ms: i64,
+    /// When set, `find` on `local.oplog.rs` fails with 13 Unauthorized, as for a user without
+    /// the `find` privilege on the `local` database (common on managed clusters).
+    pub(crate) deny_oplog_reads: bool,
 }
 
 impl State {
@@ -62,6 +65,7 @@ impl State {
             next_cursor: 7_000_000_001,
             txns: HashMap::new(),
             clock_offset_ms: 0,
+            deny_oplog_reads: false,
         }
     }
 
@@ -368,6 +372,7 @@ fn dispatch(st: &mut State, name: &str, db: &str, body: &Document) -> CmdResult 
         "aggregate" => aggregate(st, db, body),
         "killCursors" => kill_cursors(st, body),
         "replSetGetStatus" => repl_status(st),
+        "serverStatus" => server_status(st, body),
         other => Err(CommandError::new(
             59,
             "CommandNotFound",
@@ -1104,6 +1109,13 @@ fn find(st: &mut State, db: &str, body: &Document) -> CmdResult {
         .map(Projection::parse)
         .transpose()?;
     let docs: Vec<Document> = if db == "local" && coll == "oplog.rs" {
+        if st.deny_oplog_reads {
+            return Err(CommandError::new(
+                13,
+                "Unauthorized",
+                "not authorized on local to execute command { find: \"oplog.rs\" }",
+            ));
+        }
         oplog_docs(st, body)?
     } else {
         query(st, db, coll, body, "filter")?
@@ -1247,6 +1259,27 @@ fn repl_status(st: &mut State) -> CmdResult {
             "oldestOplogEntry",
             doc! {"ts": first.ts, "wall": first.wall},
         );
+    }
+    reply.insert("ok", 1.0);
+    ok(reply)
+}
+
+/// `serverStatus`: a few identifying fields, and with `oplog: 1` the `oplog` section
+/// (`latestOptime`, `earliestOptime`) that a real `mongod` returns only when asked for it.
+fn server_status(st: &State, body: &Document) -> CmdResult {
+    let d = &st.data;
+    let mut reply = doc! {
+        "host": st.me.clone(),
+        "version": "0.0.0-emulator",
+        "process": "mongod",
+        "localTime": st.now(),
+    };
+    if truthy(body.get("oplog")) {
+        let mut oplog = doc! {"latestOptime": d.head_ts};
+        if let Some(first) = d.oplog.front() {
+            oplog.insert("earliestOptime", first.ts);
+        }
+        reply.insert("oplog", oplog);
     }
     reply.insert("ok", 1.0);
     ok(reply)

@@ -255,6 +255,12 @@ impl Emulator {
         st.data.truncate_before(first);
     }
 
+    /// Refuses (`true`) or allows `find` on `local.oplog.rs`: refused, it fails with 13
+    /// Unauthorized, as for a user without the `find` privilege on `local`.
+    pub fn deny_oplog_reads(&self, deny: bool) {
+        self.shared.state().deny_oplog_reads = deny;
+    }
+
     /// Timestamp of the oldest retained oplog entry (what `local.oplog.rs` sorted by
     /// `$natural: 1` returns first).
     pub fn oldest_oplog_time(&self) -> Option<Timestamp> {
