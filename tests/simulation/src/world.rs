@@ -76,6 +76,13 @@ pub(crate) enum Settle {
 }
 
 /// The sequence number of an in-memory oplog token (`{_data: "%016X"}`, invalidate `..FF`).
+/// Changes an open skipped, waiting for the runtime's history-lost report.
+#[derive(Debug)]
+pub(crate) struct PendingGap {
+    at: String,
+    skipped: Vec<u64>,
+}
+
 pub(crate) fn token_seq(t: &ResumeToken) -> Option<u64> {
     let d = t.data()?;
     u64::from_str_radix(d.get(..16)?, 16).ok()
@@ -107,6 +114,9 @@ pub(crate) struct WorldState {
     /// History-lost counts of finished runtimes, plus how many were turned into gaps.
     pub(crate) history_lost_finished: u64,
     pub(crate) history_lost_accounted: u64,
+    /// An open at `now` or at the oldest entry that skipped unsettled changes, judged at the
+    /// next look at the world: the runtime counts an accepted gap once the cursor is open.
+    pub(crate) pending_gap: Option<PendingGap>,
     pub(crate) trace: Vec<String>,
     pub(crate) violations: Vec<Violation>,
     pub(crate) stats: Stats,
@@ -212,6 +222,7 @@ impl World {
                 handles: BTreeMap::new(),
                 history_lost_finished: 0,
                 history_lost_accounted: 0,
+                pending_gap: None,
                 trace: Vec::new(),
                 violations: Vec::new(),
                 stats: Stats::default(),
@@ -237,10 +248,12 @@ impl World {
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, WorldState> {
-        match self.state.lock() {
+        let mut state = match self.state.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
-        }
+        };
+        state.judge_pending_gap();
+        state
     }
 }
 
@@ -387,13 +400,6 @@ impl WorldState {
         result: &Result<(), SourceError>,
     ) {
         self.stats.opens += 1;
-        let lost_now = self.history_lost_finished
-            + self
-                .handles
-                .values()
-                .filter_map(|h| h.status(crate::STREAM))
-                .map(|s| s.counters.history_lost)
-                .sum::<u64>();
         match result {
             Err(e) => self.log(format!(
                 "{tag}open {at} -> error {:?}: {}",
@@ -416,21 +422,56 @@ impl WorldState {
                     .filter(|c| !self.accounted(c))
                     .map(|c| c.seq)
                     .collect();
-                if lost_now > self.history_lost_accounted {
-                    self.history_lost_accounted = lost_now;
-                    self.stats.gaps += 1;
-                    self.log(format!(
-                        "reported gap (history lost, counted): {} change(s) skipped: {skipped:?}",
-                        skipped.len()
-                    ));
-                    self.gap.extend(skipped);
+                if self.history_lost_reported() > self.history_lost_accounted {
+                    self.take_gap(skipped);
                 } else if !skipped.is_empty() {
-                    self.violate(
-                        Invariant::NoSilentLoss,
-                        format!("the stream re-opened at `{at}` without reporting lost history; unsettled changes {skipped:?} are skipped silently"),
-                    );
+                    self.pending_gap = Some(PendingGap {
+                        at: at.to_string(),
+                        skipped,
+                    });
                 }
             }
+        }
+    }
+
+    /// History-lost reports so far: of finished runtimes and of the ones that are up.
+    fn history_lost_reported(&self) -> u64 {
+        self.history_lost_finished
+            + self
+                .handles
+                .values()
+                .filter_map(|h| h.status(crate::STREAM))
+                .map(|s| s.counters.history_lost)
+                .sum::<u64>()
+    }
+
+    /// Turns skipped changes into a gap the runtime reported.
+    fn take_gap(&mut self, skipped: Vec<u64>) {
+        self.history_lost_accounted = self.history_lost_reported();
+        self.stats.gaps += 1;
+        self.log(format!(
+            "reported gap (history lost, counted): {} change(s) skipped: {skipped:?}",
+            skipped.len()
+        ));
+        self.gap.extend(skipped);
+    }
+
+    /// Judges an open that skipped changes: the runtime had its chance to report the gap
+    /// (it counts one right after the cursor opens, before it touches anything else).
+    pub(crate) fn judge_pending_gap(&mut self) {
+        let Some(pending) = self.pending_gap.take() else {
+            return;
+        };
+        if self.history_lost_reported() > self.history_lost_accounted {
+            self.take_gap(pending.skipped);
+        } else {
+            self.violate(
+                Invariant::NoSilentLoss,
+                format!(
+                    "the stream re-opened at `{}` without reporting lost history; unsettled changes {:?} are skipped silently",
+                    pending.at, pending.skipped
+                ),
+            );
         }
     }
 
@@ -1059,12 +1100,6 @@ impl ChangeSource for RecSource {
         let first = self.memory.oplog_first_retained();
         let result = ChangeSource::open(&self.memory, spec, at.clone()).await;
         let summary = result.as_ref().map(|_| ()).map_err(Clone::clone);
-        let tag = {
-            let mut w = self.world.lock();
-            let tag = w.tag(self.inc);
-            w.on_open(&tag, &at, head, first, &summary);
-            tag
-        };
         // Where the cursor starts: a delivery at or before it is the source moving back.
         let start = match &at {
             StartAt::ResumeAfter(t) | StartAt::StartAfter(t) => token_seq(t),
@@ -1073,8 +1108,11 @@ impl ChangeSource for RecSource {
             _ => None,
         };
         let inc = self.inc;
+        // One look at the world: the next one judges a gap this open may have taken.
+        let mut w = self.world.lock();
+        let tag = w.tag(inc);
+        w.on_open(&tag, &at, head, first, &summary);
         if let (Ok(_), StartAt::Now | StartAt::OldestAvailable, Some(st)) = (&result, &at, start) {
-            let mut w = self.world.lock();
             let stored = w
                 .last_written
                 .as_ref()
@@ -1088,6 +1126,7 @@ impl ChangeSource for RecSource {
                 *floor = (*floor).min(st);
             }
         }
+        drop(w);
         result.map(|inner| {
             Box::new(RecCursor {
                 inner,
@@ -1516,5 +1555,45 @@ impl LeaseStore for RecLeases {
 
     async fn current(&self, stream: &str) -> Result<Option<Lease>, StoreError> {
         LeaseStore::current(&self.memory, stream).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Schedule;
+
+    /// Two changes after the start, then an open at `now` that skips both.
+    fn world_after_a_skipping_open() -> Arc<World> {
+        let mut settings = Schedule::generate(1).settings;
+        settings.pipeline = PipelineKind::None;
+        let world = World::new(1, settings);
+        let mut w = world.lock();
+        w.on_open("", &StartAt::Now, 0, 1, &Ok(()));
+        w.commit(1, Some(0), Op::Insert, None);
+        w.commit(2, Some(1), Op::Insert, None);
+        w.on_open("", &StartAt::Now, 2, 1, &Ok(()));
+        drop(w);
+        world
+    }
+
+    #[test]
+    fn a_skip_the_runtime_never_reports_is_silent_loss_at_the_next_look() {
+        let world = world_after_a_skipping_open();
+        let w = world.lock();
+        assert!(w.gap.is_empty());
+        assert_eq!(w.violations.len(), 1, "{:?}", w.trace);
+        assert_eq!(w.violations[0].invariant, Invariant::NoSilentLoss);
+        assert!(w.violations[0].message.contains("[1, 2]"));
+    }
+
+    #[test]
+    fn a_skip_the_runtime_reports_after_the_open_is_a_gap() {
+        let world = world_after_a_skipping_open();
+        // What a runtime that finished after counting the gap leaves behind.
+        world.state.lock().expect("world").history_lost_finished = 1;
+        let w = world.lock();
+        assert!(w.violations.is_empty(), "{:?}", w.trace);
+        assert_eq!(w.gap.iter().copied().collect::<Vec<_>>(), vec![1, 2]);
     }
 }
