@@ -344,22 +344,30 @@ mod a_step_down_during_the_resume_check_is_not_history_lost {
         let d = def("stepdown", |d| {
             d.checkpoint.on_history_lost = OnHistoryLost::ResumeFromNow
         });
+        // A configured identity: no checkpoint guard, whose lease the step-down would make
+        // the second runtime wait for before it opens (and re-opens) the stream at all.
+        let start_as_one = |probe: &Probe| {
+            flowwarden::builder()
+                .discover(false)
+                .any_stream(AnyStream::with_definition(probe.clone(), d))
+                .backend(t.backend.clone())
+                .instance_id("stepdown-test")
+                .max_await(Duration::from_millis(150))
+                .start()
+        };
         let probe = Probe::default();
-        let rt = start(&t, &probe, d).await;
+        let rt = start_as_one(&probe).await.expect("starts");
+        wait_status(&rt, "stepdown", |s| {
+            s.state == flowwarden::StreamState::Running
+        })
+        .await;
         t.insert_ids([1]).await;
         wait_until("1 handled", || probe.successes().len() == 1).await;
         rt.shutdown().await;
         t.insert_ids([2]).await;
         t.emu().step_down();
         let probe = Probe::default();
-        let rt = flowwarden::builder()
-            .discover(false)
-            .any_stream(AnyStream::with_definition(probe.clone(), d))
-            .backend(t.backend.clone())
-            .max_await(Duration::from_millis(150))
-            .start()
-            .await
-            .expect("starts");
+        let rt = start_as_one(&probe).await.expect("starts");
         wait_status(&rt, "stepdown", |s| s.counters.restarts >= 2).await;
         t.emu().step_up();
         wait_until("2 handled", || probe.successes().len() == 1).await;

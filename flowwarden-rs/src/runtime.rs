@@ -11,8 +11,10 @@ use tracing::{error, info, warn};
 
 use crate::backend::{Backend, BackendProvider};
 use crate::dead_letter::{DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadLetterStore};
-use crate::definition::{Deployment, OnHistoryLost, StreamDefinition};
-use crate::engine::{run_single_leader, EngineOptions, StreamEnv, StreamExit};
+use crate::definition::{Deployment, LeaseConfig, OnHistoryLost, StreamDefinition};
+use crate::engine::{
+    guard_name, run_guarded, run_single_leader, EngineOptions, StreamEnv, StreamExit,
+};
 use crate::handler::{AnyStream, StreamHandler};
 use crate::handler_error::HandlerError;
 use crate::lease::InstanceId;
@@ -135,6 +137,7 @@ impl Builder {
                 seed: std::process::id() as u64 ^ 0x5EED,
                 dead_letter_write_attempts: 5,
                 checkpoint_on_receipt: false,
+                checkpoint_guard: LeaseConfig::DEFAULT,
             },
         }
     }
@@ -210,6 +213,15 @@ impl Builder {
     /// Seed of the retry jitter (default: derived from the process id).
     pub fn seed(mut self, seed: u64) -> Self {
         self.options.seed = seed;
+        self
+    }
+
+    /// Timing of the checkpoint guard that `AllInstances` streams take when this instance's
+    /// identity is not configured (default: [`LeaseConfig::DEFAULT`], lease 30 s, renewed every
+    /// 10 s, polled every 5 s). After a crash, the next instance waits at most one lease period
+    /// plus one poll for the crashed one's guard to expire; a graceful shutdown frees it at once.
+    pub fn checkpoint_guard(mut self, timing: LeaseConfig) -> Self {
+        self.options.checkpoint_guard = timing;
         self
     }
 
@@ -332,11 +344,27 @@ impl Builder {
                 problems: leaderless,
             });
         }
+        let guard = self.options.checkpoint_guard;
+        if guard.renew_secs == 0
+            || guard.standby_poll_secs == 0
+            || guard.renew_secs * 2 > guard.lease_secs
+        {
+            return Err(StartupError {
+                problems: vec![format!(
+                    "checkpoint_guard: renew_secs ({}) and standby_poll_secs ({}) must be at least 1, and renew_secs at most half of lease_secs ({})",
+                    guard.renew_secs, guard.standby_poll_secs, guard.lease_secs
+                )],
+            });
+        }
         info!(instance = %instance, configured = instance.is_configured(), "instance identity");
         for s in &streams {
             log_warnings(s.definition(), backend.dead_letters.is_some());
             if s.definition().deployment == Deployment::AllInstances && !instance.is_configured() {
-                info!(stream = s.definition().name, "AllInstances without a configured instance identity: the checkpoint is kept under the stream name, for one instance; when several instances run this stream, give each a stable FLOWWARDEN_INSTANCE_ID (or use deployment = SingleLeader)");
+                if backend.leases.is_some() {
+                    info!(stream = s.definition().name, guard = %guard_name(s.definition().name), "AllInstances without a configured instance identity: one instance runs this stream under the checkpoint named after it, holding its checkpoint guard; a second instance halts (SharedCheckpoint) instead of sharing it. Give each replica a stable FLOWWARDEN_INSTANCE_ID to run several (docs/deployment.md)");
+                } else {
+                    warn!(stream = s.definition().name, "AllInstances without a configured instance identity on a backend without a lease store: the checkpoint is kept under the stream name and nothing stops two instances from sharing it (which loses events). Run one instance, give each a stable FLOWWARDEN_INSTANCE_ID, or add a lease store (docs/runbooks/shared-checkpoint.md)");
+                }
             }
         }
         let (shutdown, _) = watch::channel(false);
@@ -603,17 +631,27 @@ impl RuntimeHandle {
             options: self.inner.options.clone(),
             checkpoint_key,
             fence: None,
+            instance: instance.to_string(),
         };
-        let fut = match (def.deployment, &self.inner.backend.leases) {
-            (Deployment::SingleLeader(cfg), Some(leases)) => Box::pin(run_single_leader(
-                slot.stream.inner.clone(),
-                env,
-                leases.clone(),
-                instance.to_string(),
-                cfg,
-            )),
-            _ => slot.stream.inner.run(env),
-        };
+        let fut: futures::future::BoxFuture<'static, StreamExit> =
+            match (def.deployment, &self.inner.backend.leases) {
+                (Deployment::SingleLeader(cfg), Some(leases)) => Box::pin(run_single_leader(
+                    slot.stream.inner.clone(),
+                    env,
+                    leases.clone(),
+                    instance.to_string(),
+                    cfg,
+                )),
+                (Deployment::AllInstances, Some(leases)) if !instance.is_configured() => {
+                    Box::pin(run_guarded(
+                        slot.stream.inner.clone(),
+                        env,
+                        leases.clone(),
+                        self.inner.options.checkpoint_guard,
+                    ))
+                }
+                _ => slot.stream.inner.run(env),
+            };
         let inner = Arc::downgrade(&self.inner);
         slot.task = Some(tokio::spawn(async move {
             let exit = fut.await;

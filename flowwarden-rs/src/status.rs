@@ -64,6 +64,9 @@ pub enum HaltReason {
     Configuration,
     /// A write was rejected because another instance took over the stream.
     Fenced,
+    /// Another live instance runs this `AllInstances` stream under the same checkpoint (no
+    /// configured instance identity): sharing it would lose events silently.
+    SharedCheckpoint,
 }
 
 impl HaltReason {
@@ -80,6 +83,7 @@ impl HaltReason {
             Self::SourceUnavailable => "docs/runbooks/source-unavailable.md",
             Self::EventTooLarge => "docs/runbooks/event-too-large.md",
             Self::Fenced => "docs/runbooks/fenced.md",
+            Self::SharedCheckpoint => "docs/runbooks/shared-checkpoint.md",
         }
     }
 }

@@ -113,3 +113,21 @@ async fn a_mongodb_uri_without_the_mongodb_backend_is_refused() {
     let err = err.expect("startup must fail");
     assert!(err.to_string().contains("FLOWWARDEN_MONGODB_URI"), "{err}");
 }
+
+#[tokio::test]
+async fn a_checkpoint_guard_renewed_too_rarely_is_refused() {
+    let err = flowwarden::builder()
+        .backend(MemoryBackend::new())
+        .only(["needs-pool"])
+        .stream(NeedsPool { _pool: 1 })
+        .checkpoint_guard(flowwarden::LeaseConfig {
+            lease_secs: 10,
+            renew_secs: 6,
+            standby_poll_secs: 1,
+        })
+        .start()
+        .await
+        .err()
+        .expect("startup must fail");
+    assert!(err.to_string().contains("checkpoint_guard"), "{err}");
+}

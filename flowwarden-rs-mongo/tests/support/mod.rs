@@ -210,6 +210,14 @@ pub fn def(name: &'static str, f: impl FnOnce(&mut StreamDefinition)) -> &'stati
     flowwarden_testkit::probe_def(name, 10, f)
 }
 
+/// The checkpoint guard of these tests: a restart after `__crash` (a new generated identity)
+/// waits for the crashed runtime's guard to expire, at most lease + poll = 4 s.
+pub const SHORT_GUARD: flowwarden::LeaseConfig = flowwarden::LeaseConfig {
+    lease_secs: 3,
+    renew_secs: 1,
+    standby_poll_secs: 1,
+};
+
 /// Starts a runtime running only `stream` on the target's backend.
 pub async fn start_any(t: &Target, stream: AnyStream) -> Runtime {
     let name = stream.definition().name;
@@ -220,6 +228,7 @@ pub async fn start_any(t: &Target, stream: AnyStream) -> Runtime {
         .seed(7)
         .max_await(Duration::from_millis(150))
         .shutdown_timeout(Duration::from_secs(5))
+        .checkpoint_guard(SHORT_GUARD)
         .start()
         .await
         .expect("runtime starts");

@@ -25,7 +25,7 @@ impl Drop for AbortOnDrop {
 /// Runs `stream` whenever this instance holds its lease; stands by otherwise.
 pub(crate) async fn run_single_leader(
     stream: Arc<dyn ErasedStream>,
-    mut env: StreamEnv,
+    env: StreamEnv,
     leases: Arc<dyn LeaseStore>,
     owner: String,
     cfg: LeaseConfig,
@@ -69,38 +69,12 @@ pub(crate) async fn run_single_leader(
             continue;
         }
         info!(stream = name, owner = %owner, epoch = lease.epoch, "this instance leads the stream");
-        let (session_tx, session_rx) = watch::channel(false);
-        let session_tx = Arc::new(session_tx);
-        let renewer = AbortOnDrop(tokio::spawn(renew_loop(
-            leases.clone(),
-            lease.clone(),
-            asked_at,
-            cfg,
-            session_tx.clone(),
-        )));
-        let _forwarder = AbortOnDrop(tokio::spawn({
-            let mut stop = external_stop.clone();
-            let tx = session_tx.clone();
-            async move {
-                let _ = stop.wait_for(|s| *s).await;
-                let _ = tx.send(true);
-            }
-        }));
-        let leader_env = StreamEnv {
-            source: env.source.clone(),
-            checkpoints: env.checkpoints.clone(),
-            dead_letters: env.dead_letters.clone(),
-            status: env.status.clone(),
-            stop: session_rx,
-            options: env.options.clone(),
-            checkpoint_key: env.checkpoint_key.clone(),
-            fence: Some(Fence {
-                owner: owner.clone(),
-                epoch: lease.epoch,
-            }),
+        let fence = Fence {
+            owner: owner.clone(),
+            epoch: lease.epoch,
         };
-        let exit = stream.run(leader_env).await;
-        drop(renewer);
+        let exit =
+            run_while_held(&*stream, &env, &leases, &lease, asked_at, cfg, Some(fence)).await;
         let stopping = *external_stop.borrow();
         match exit {
             StreamExit::Halted(h) if h.reason == HaltReason::Fenced => {
@@ -123,18 +97,60 @@ pub(crate) async fn run_single_leader(
                 return other;
             }
         }
-        env.stop = external_stop.clone();
     }
 }
 
-async fn release(leases: &dyn LeaseStore, lease: &Lease, name: &str) {
+/// Runs one session of `stream` while this instance holds `lease`: a task renews it, and the
+/// session stops (flushing its progress) when the lease is lost or cannot be renewed in time,
+/// or when `env.stop` asks for it.
+pub(super) async fn run_while_held(
+    stream: &dyn ErasedStream,
+    env: &StreamEnv,
+    leases: &Arc<dyn LeaseStore>,
+    lease: &Lease,
+    asked_at: Instant,
+    cfg: LeaseConfig,
+    fence: Option<Fence>,
+) -> StreamExit {
+    let (session_tx, session_rx) = watch::channel(false);
+    let session_tx = Arc::new(session_tx);
+    let _renewer = AbortOnDrop(tokio::spawn(renew_loop(
+        leases.clone(),
+        lease.clone(),
+        asked_at,
+        cfg,
+        session_tx.clone(),
+    )));
+    let _forwarder = AbortOnDrop(tokio::spawn({
+        let mut stop = env.stop.clone();
+        let tx = session_tx.clone();
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+            let _ = tx.send(true);
+        }
+    }));
+    let session_env = StreamEnv {
+        source: env.source.clone(),
+        checkpoints: env.checkpoints.clone(),
+        dead_letters: env.dead_letters.clone(),
+        status: env.status.clone(),
+        stop: session_rx,
+        options: env.options.clone(),
+        checkpoint_key: env.checkpoint_key.clone(),
+        fence,
+        instance: env.instance.clone(),
+    };
+    stream.run(session_env).await
+}
+
+pub(super) async fn release(leases: &dyn LeaseStore, lease: &Lease, name: &str) {
     if let Err(e) = leases.release(lease).await {
         warn!(stream = name, error = %e, "could not release the lease; it expires by itself");
     }
 }
 
 /// Waits `period`, or less when a stop is requested.
-async fn wait_or_stop(stop: &mut watch::Receiver<bool>, period: std::time::Duration) {
+pub(super) async fn wait_or_stop(stop: &mut watch::Receiver<bool>, period: std::time::Duration) {
     tokio::select! {
         _ = tokio::time::sleep(period) => {}
         _ = stop.wait_for(|s| *s) => {}

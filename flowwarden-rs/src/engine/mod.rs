@@ -1,5 +1,6 @@
 //! The stream engine: reading, routing, retrying, dead-lettering and checkpointing one stream.
 
+mod checkpoint_guard;
 mod leader;
 mod metrics;
 mod process;
@@ -19,7 +20,7 @@ use tokio::sync::watch;
 use crate::checkpoint::CheckpointStore;
 use crate::context::ChangeContext;
 use crate::dead_letter::DeadLetterStore;
-use crate::definition::StreamDefinition;
+use crate::definition::{LeaseConfig, StreamDefinition};
 use crate::event::ChangeEvent;
 use crate::handler::StreamHandler;
 use crate::handler_error::{HandlerError, HandlerErrorKind};
@@ -27,6 +28,7 @@ use crate::lease::Fence;
 use crate::source::ChangeSource;
 use crate::status::{Halt, StatusCell};
 
+pub(crate) use checkpoint_guard::{guard_name, run_guarded};
 pub(crate) use leader::run_single_leader;
 pub(crate) use rng::Rng;
 
@@ -40,6 +42,8 @@ pub(crate) struct EngineOptions {
     pub(crate) seed: u64,
     pub(crate) dead_letter_write_attempts: u32,
     pub(crate) checkpoint_on_receipt: bool,
+    /// Timing of the checkpoint guard of `AllInstances` streams without a configured identity.
+    pub(crate) checkpoint_guard: LeaseConfig,
 }
 
 /// Everything one stream task needs from the runtime.
@@ -54,6 +58,8 @@ pub(crate) struct StreamEnv {
     pub(crate) checkpoint_key: String,
     /// The leader's fence (`SingleLeader` streams while they hold the lease).
     pub(crate) fence: Option<Fence>,
+    /// This instance's identity, stamped as the owner of every checkpoint it writes.
+    pub(crate) instance: String,
 }
 
 /// How a stream task ended.

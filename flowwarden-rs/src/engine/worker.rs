@@ -43,6 +43,7 @@ pub(crate) async fn run_stream<H: StreamHandler>(
             name: def.name,
             key: env.checkpoint_key.clone(),
             fence: env.fence.clone(),
+            owner: env.instance.clone(),
             status: env.status.clone(),
             saved: metrics::counter!(super::metrics::names::CHECKPOINT_SAVED, "stream" => def.name),
             failed: metrics::counter!(super::metrics::names::CHECKPOINT_FAILED, "stream" => def.name),
@@ -691,6 +692,8 @@ struct Progress {
     name: &'static str,
     key: String,
     fence: Option<Fence>,
+    /// The writing instance, stamped on every checkpoint (who wrote it, for operators).
+    owner: String,
     status: Arc<StatusCell>,
     saved: metrics::Counter,
     failed: metrics::Counter,
@@ -705,6 +708,7 @@ impl Progress {
         }
         let name = self.name;
         let mut snapshot = self.tracker.snapshot(&self.key, DateTime::now());
+        snapshot.owner = Some(self.owner.clone());
         if let Some(f) = &self.fence {
             snapshot.owner = Some(f.owner.clone());
             snapshot.epoch = Some(f.epoch);
