@@ -108,6 +108,13 @@ impl CheckpointStore for MongoBackend {
 
     async fn save(&self, checkpoint: &Checkpoint) -> Result<(), StoreError> {
         let stream = &checkpoint.stream;
+        // A leader's write: refused once its lease is no longer current (read just before the
+        // write), and, atomically in the write's filter, when the stored checkpoint carries a
+        // newer epoch (see docs/deployment.md, "Fencing on MongoDB").
+        if let Some(epoch) = checkpoint.epoch {
+            self.check_fence(stream, checkpoint.owner.as_deref(), epoch)
+                .await?;
+        }
         let replacement = checkpoint.to_document();
         let filter = match checkpoint.epoch {
             None => doc! { "_id": stream },
@@ -142,6 +149,8 @@ impl CheckpointStore for MongoBackend {
     }
 
     async fn claim(&self, key: &str, fence: &Fence) -> Result<(), StoreError> {
+        self.check_fence(key, Some(&fence.owner), fence.epoch)
+            .await?;
         let filter = doc! {
             "_id": key,
             "$or": [ { "epoch": { "$exists": false } }, { "epoch": { "$lte": fence.epoch } } ],

@@ -11,7 +11,7 @@ use common::*;
 use flowwarden::dead_letter::PutOutcome;
 use flowwarden::{
     ChangeSource, Checkpoint, CheckpointStore, DeadLetterQuery, DeadLetterStatus, DeadLetterStore,
-    ResumeToken, SourceErrorKind, SourceItem, StartAt, StoreErrorKind, StoredPosition,
+    LeaseStore, ResumeToken, SourceErrorKind, SourceItem, StartAt, StoreErrorKind, StoredPosition,
 };
 use flowwarden_rs_mongo::{MongoBackend, DLQ_INDEX, SPLIT_STAGE};
 use futures::TryStreamExt;
@@ -569,7 +569,7 @@ fn checkpoint(stream: &str, data: &str, epoch: Option<i64>) -> Checkpoint {
 #[tokio::test]
 async fn checkpoints_round_trip_are_fenced_and_corruption_is_named() {
     bounded(async {
-        let (_emu, backend) = emulator().await;
+        let (emu, backend) = emulator().await;
         assert_eq!(backend.load("orders").await, Ok(None));
         let cp = checkpoint("orders", "0A", None);
         backend.save(&cp).await.expect("save");
@@ -591,7 +591,17 @@ async fn checkpoints_round_trip_are_fenced_and_corruption_is_named() {
             .expect("count");
         assert_eq!(n, 1);
 
-        // Epoch fencing.
+        // Epoch fencing: a leader's write carries the epoch of the stream's lease (host-1's
+        // second, then third acquisition), and an older epoch is refused.
+        let mut lease = None;
+        for _ in 0..2 {
+            emu.advance_clock(Duration::from_secs(31));
+            lease = backend
+                .try_acquire("fenced", "host-1", Duration::from_secs(30))
+                .await
+                .expect("lease store");
+        }
+        assert_eq!(lease.map(|l| l.epoch), Some(2));
         backend
             .save(&checkpoint("fenced", "01", Some(2)))
             .await
@@ -605,7 +615,13 @@ async fn checkpoints_round_trip_are_fenced_and_corruption_is_named() {
             .await
             .expect_err("older epoch");
         assert_eq!(err.kind, StoreErrorKind::Fenced, "{err}");
-        assert!(err.message.contains("fenced"));
+        assert!(err.message.contains("epoch 1"), "{err}");
+        emu.advance_clock(Duration::from_secs(31));
+        backend
+            .try_acquire("fenced", "host-1", Duration::from_secs(30))
+            .await
+            .expect("lease store")
+            .expect("epoch 3");
         backend
             .save(&checkpoint("fenced", "04", Some(3)))
             .await

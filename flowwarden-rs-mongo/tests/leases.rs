@@ -106,49 +106,74 @@ async fn leases_are_taken_renewed_and_released_by_the_servers_clock() {
     .await;
 }
 
+/// Takes `stream`'s lease for `owner` once the previous holder's has lapsed on the server.
+async fn take_over(
+    emu: &mongo_emulator::Emulator,
+    backend: &flowwarden_rs_mongo::MongoBackend,
+    stream: &str,
+    owner: &str,
+) -> i64 {
+    emu.advance_clock(Duration::from_secs(31));
+    backend
+        .try_acquire(stream, owner, LEASE)
+        .await
+        .expect("store")
+        .expect("expired: taken over")
+        .epoch
+}
+
 #[tokio::test]
-async fn a_claim_fences_every_older_epoch_out_of_the_checkpoint() {
+async fn a_deposed_leader_cannot_write_or_claim_the_checkpoint_even_before_the_new_one_claims() {
     bounded(async {
-        let (_emu, backend) = emulator().await;
+        let (emu, backend) = emulator().await;
+        assert_eq!(take_over(&emu, &backend, "s", "owner-1").await, 1);
         backend
             .save(&checkpoint("s", "05", 1))
             .await
             .expect("leader 1 writes");
-        // Leader 2 claims before it loads: the stored positions stay, epoch 1 is out.
+        assert_eq!(take_over(&emu, &backend, "s", "owner-2").await, 2);
+
+        // Leader 2 holds the lease but has not claimed yet: leader 1 is out already.
+        let err = backend
+            .save(&checkpoint("s", "07", 1))
+            .await
+            .expect_err("a deposed leader's write");
+        assert_eq!(err.kind, StoreErrorKind::Fenced, "{err}");
+        let err = backend
+            .claim("s", &fence("owner-1", 1))
+            .await
+            .expect_err("a deposed leader's claim");
+        assert_eq!(err.kind, StoreErrorKind::Fenced, "{err}");
+        let loaded = backend.load("s").await.expect("load").expect("kept");
+        assert_eq!(loaded.last_seen.expect("seen").token.data(), Some("05"));
+
+        // Leader 2 claims before it loads: the stored positions stay.
         backend
             .claim("s", &fence("owner-2", 2))
             .await
             .expect("claim");
         let loaded = backend.load("s").await.expect("load").expect("kept");
         assert_eq!(loaded.last_seen.expect("seen").token.data(), Some("05"));
-        let err = backend
-            .save(&checkpoint("s", "09", 1))
-            .await
-            .expect_err("zombie write");
-        assert_eq!(err.kind, StoreErrorKind::Fenced, "{err}");
-        let err = backend
-            .claim("s", &fence("owner-1", 1))
-            .await
-            .expect_err("older claim");
-        assert_eq!(err.kind, StoreErrorKind::Fenced);
         backend
             .save(&checkpoint("s", "06", 2))
             .await
             .expect("leader 2 writes");
 
         // A claim on a stream without a checkpoint is no checkpoint, but still fences.
+        assert_eq!(take_over(&emu, &backend, "new", "owner-1").await, 1);
+        assert_eq!(take_over(&emu, &backend, "new", "owner-2").await, 2);
         backend
-            .claim("new", &fence("owner-4", 4))
+            .claim("new", &fence("owner-2", 2))
             .await
             .expect("claim");
         assert_eq!(backend.load("new").await, Ok(None));
         let err = backend
-            .save(&checkpoint("new", "01", 3))
+            .save(&checkpoint("new", "01", 1))
             .await
             .expect_err("older epoch");
         assert_eq!(err.kind, StoreErrorKind::Fenced);
         backend
-            .save(&checkpoint("new", "02", 4))
+            .save(&checkpoint("new", "02", 2))
             .await
             .expect("the claimant writes");
         assert_eq!(
@@ -158,8 +183,41 @@ async fn a_claim_fences_every_older_epoch_out_of_the_checkpoint() {
                 .expect("load")
                 .expect("some")
                 .epoch,
-            Some(4)
+            Some(2)
         );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_stored_epoch_fences_a_write_that_passed_the_lease_check() {
+    // The lease check is a read before the write; the write's own filter is what is atomic.
+    // Model the window between them: a newer leader's claim lands in the checkpoint document
+    // while the lease still reads as the old leader's.
+    bounded(async {
+        let (emu, backend) = emulator().await;
+        assert_eq!(take_over(&emu, &backend, "s", "owner-1").await, 1);
+        backend
+            .save(&checkpoint("s", "05", 1))
+            .await
+            .expect("leader 1 writes");
+        backend
+            .client()
+            .database(backend.database())
+            .collection::<Document>("_fw_checkpoints")
+            .update_one(
+                doc! {"_id": "s"},
+                doc! {"$set": {"epoch": 2_i64, "owner": "owner-2"}},
+            )
+            .await
+            .expect("a newer claim");
+        let err = backend
+            .save(&checkpoint("s", "09", 1))
+            .await
+            .expect_err("the stored epoch is newer");
+        assert_eq!(err.kind, StoreErrorKind::Fenced, "{err}");
+        let loaded = backend.load("s").await.expect("load").expect("kept");
+        assert_eq!(loaded.last_seen.expect("seen").token.data(), Some("05"));
     })
     .await;
 }
