@@ -36,6 +36,7 @@
 
 mod classify;
 mod lease;
+mod resumes;
 mod source;
 mod stores;
 mod token;
@@ -76,6 +77,8 @@ pub struct MongoBackend {
     pub(crate) database: String,
     pub(crate) description: String,
     pub(crate) indexes: Arc<OnceCell<()>>,
+    /// Driver resumes, counted when this crate built the client (`None` for `from_client`).
+    pub(crate) resumes: Option<Arc<resumes::DriverResumes>>,
 }
 
 impl std::fmt::Debug for MongoBackend {
@@ -99,7 +102,15 @@ impl MongoBackend {
     /// Connects to `uri`, checks the deployment (a replica-set member or a mongos: change
     /// streams do not exist on a standalone) and returns the backend, or every problem found.
     pub async fn connect(uri: &str, database: &str) -> Result<MongoBackend, Vec<String>> {
-        let client = match Client::with_uri_str(uri).await {
+        let resumes = Arc::new(resumes::DriverResumes::default());
+        let client = match mongodb::options::ClientOptions::parse(uri).await {
+            Ok(mut options) => {
+                options.command_event_handler = Some(resumes.monitor());
+                Client::with_options(options)
+            }
+            Err(e) => Err(e),
+        };
+        let client = match client {
             Ok(c) => c,
             Err(e) => {
                 let mut problems = database_name_problems(database);
@@ -116,6 +127,7 @@ impl MongoBackend {
             database: database.to_owned(),
             description: format!("MongoDB at {}", redact_uri(uri)),
             indexes: Arc::default(),
+            resumes: Some(resumes),
         };
         backend.validate().await?;
         info!(server = %redact_uri(uri), database, "using the MongoDB backend");
@@ -131,7 +143,16 @@ impl MongoBackend {
             description: format!("MongoDB (client supplied), database {database}"),
             database,
             indexes: Arc::default(),
+            resumes: None,
         }
+    }
+
+    /// How many times the driver resumed `stream`'s change stream on its own, after a
+    /// resumable error the runtime never saw (see `docs/checkpoint-resume.md`). `None` when the
+    /// client was supplied ([`MongoBackend::from_client`]): only a client built by
+    /// [`MongoBackend::connect`] carries the command monitor that counts them.
+    pub fn driver_resumes(&self, stream: &str) -> Option<u64> {
+        self.resumes.as_ref().map(|r| r.resumes(stream))
     }
 
     /// Checks the deployment with `hello`: it must be a replica-set member or a mongos.

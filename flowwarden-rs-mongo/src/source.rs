@@ -9,6 +9,7 @@
 //!   filter-heavy streams advance their settled position.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bson::{doc, Bson, Document, Timestamp};
@@ -18,9 +19,10 @@ use flowwarden::{
 };
 use mongodb::change_stream::ChangeStream;
 use mongodb::options::{FullDocumentBeforeChangeType, FullDocumentType};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::classify::classify;
+use crate::resumes::DriverResumes;
 use crate::token::{event_token, from_driver, to_driver};
 use crate::MongoBackend;
 
@@ -38,6 +40,35 @@ pub struct MongoCursor {
     assembler: Reassembler,
     /// Items ready to hand out (reassembled events).
     ready: VecDeque<Document>,
+    /// This open's `comment` and the aggregates already accounted for under it.
+    monitor: Option<(Arc<DriverResumes>, String, u64)>,
+}
+
+impl Drop for MongoCursor {
+    fn drop(&mut self) {
+        if let Some((resumes, comment, _)) = &self.monitor {
+            resumes.forget(comment);
+        }
+    }
+}
+
+impl MongoCursor {
+    /// Reports the aggregates the driver ran under this open's comment since the last look:
+    /// each is a resume the runtime did not decide.
+    fn account_driver_resumes(&mut self) {
+        let Some((resumes, comment, seen)) = &mut self.monitor else {
+            return;
+        };
+        let now = resumes.aggregates(comment);
+        if now > *seen {
+            let n = now - *seen;
+            *seen = now;
+            resumes.add_resumes(self.name, n);
+            metrics::counter!("flowwarden.source.driver_resumes", "stream" => self.name)
+                .increment(n);
+            warn!(stream = self.name, resumes = n, total = resumes.resumes(self.name), "the driver resumed the change stream on its own after a resumable error (no restart counted, no backoff applied; nothing is lost: it resumes after the last event it returned)");
+        }
+    }
 }
 
 impl std::fmt::Debug for MongoCursor {
@@ -169,9 +200,16 @@ impl ChangeSource for MongoBackend {
             .client
             .database(db)
             .collection::<Document>(&spec.collection);
+        // A no-op first stage that tags this open's aggregates (the driver's resumes repeat
+        // it), so the command monitor can count the resumes (see `resumes.rs`).
+        let comment = self.resumes.as_ref().map(|r| r.comment(spec.stream));
+        let pipeline = comment
+            .iter()
+            .map(|c| doc! { "$match": { "$comment": c.as_str() } })
+            .chain(spec.pipeline.iter().cloned());
         let mut watch = coll
             .watch()
-            .pipeline(spec.pipeline.clone())
+            .pipeline(pipeline)
             .batch_size(spec.batch_size.max(1));
         if let Some(f) = full_document(spec.full_document) {
             watch = watch.full_document(f);
@@ -182,6 +220,7 @@ impl ChangeSource for MongoBackend {
         if !spec.max_await.is_zero() {
             watch = watch.max_await_time(spec.max_await);
         }
+
         let at = match at {
             // Never "now" in place of the oldest entry: that would skip the retained history.
             StartAt::OldestAvailable => {
@@ -221,6 +260,13 @@ impl ChangeSource for MongoBackend {
             split,
             assembler: Reassembler::new(spec.stream),
             ready: VecDeque::new(),
+            monitor: match (&self.resumes, comment) {
+                (Some(r), Some(c)) => {
+                    let seen = r.aggregates(&c);
+                    Some((r.clone(), c, seen))
+                }
+                _ => None,
+            },
         }))
     }
 
@@ -319,7 +365,9 @@ impl ChangeCursor for MongoCursor {
             if let Some(ev) = self.ready.pop_front() {
                 return Ok(Some(SourceItem::Event(ev)));
             }
-            match self.stream.next_if_any().await {
+            let read = self.stream.next_if_any().await;
+            self.account_driver_resumes();
+            match read {
                 Ok(Some(event)) => {
                     if event_token(&event).is_none() {
                         return Err(SourceError::new(

@@ -331,10 +331,17 @@ async fn get_more_errors_are_classified() {
                 .await
                 .expect("open");
             let _ = next_item(&mut c).await.expect("first (empty) batch");
+            let before = backend.driver_resumes("adapter").expect("monitored");
             emu.fail_get_more(1, error);
             insert(&backend, "orders", [100]).await;
             let ev = next_event(&mut c).await.expect("resumed by the driver");
             assert_eq!(key_of(&ev), 100);
+            // The runtime saw no error, but the resume is counted (and logged).
+            assert_eq!(
+                backend.driver_resumes("adapter"),
+                Some(before + 1),
+                "one driver resume counted"
+            );
             backend
                 .client()
                 .database(DB)
