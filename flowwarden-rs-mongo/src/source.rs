@@ -40,6 +40,8 @@ pub struct MongoCursor {
     assembler: Reassembler,
     /// Items ready to hand out (reassembled events).
     ready: VecDeque<Document>,
+    /// Whether an `invalidate` event was handed out (the cursor then closes).
+    saw_invalidate: bool,
     /// This open's `comment` and the aggregates already accounted for under it.
     monitor: Option<(Arc<DriverResumes>, String, u64)>,
 }
@@ -260,6 +262,7 @@ impl ChangeSource for MongoBackend {
             split,
             assembler: Reassembler::new(spec.stream),
             ready: VecDeque::new(),
+            saw_invalidate: false,
             monitor: match (&self.resumes, comment) {
                 (Some(r), Some(c)) => {
                     let seen = r.aggregates(&c);
@@ -375,6 +378,9 @@ impl ChangeCursor for MongoCursor {
                             format!("stream '{}': a change event has no `_id` resume token (the pipeline must not remove or alter `_id`)", self.name),
                         ));
                     }
+                    if event.get_str("operationType") == Ok("invalidate") {
+                        self.saw_invalidate = true;
+                    }
                     if !self.split {
                         return Ok(Some(SourceItem::Event(event)));
                     }
@@ -393,6 +399,20 @@ impl ChangeCursor for MongoCursor {
                                 self.name
                             ),
                         ));
+                    }
+                    if !self.saw_invalidate {
+                        // A change stream cursor closes only after an invalidate: the pipeline
+                        // filtered the event out, and the post-batch token is its token. Hand
+                        // the invalidate over, or the runtime would re-open in a loop.
+                        if let Some(token) =
+                            self.stream.resume_token().as_ref().and_then(from_driver)
+                        {
+                            self.saw_invalidate = true;
+                            warn!(stream = self.name, "the server closed the change stream after an invalidate that the stream's pipeline filtered out; treating it as the invalidate (keep `invalidate` in any operationType $match)");
+                            return Ok(Some(SourceItem::Event(
+                                doc! { "_id": token.as_document().clone(), "operationType": "invalidate" },
+                            )));
+                        }
                     }
                     return Ok(None);
                 }

@@ -168,6 +168,45 @@ async fn oldest_available_starts_at_the_oldest_retained_entry() {
 }
 
 #[tokio::test]
+async fn an_invalidate_the_pipeline_filters_out_is_still_handed_over() {
+    bounded(async {
+        let (_emu, backend) = emulator().await;
+        let only_inserts = vec![doc! {"$match": {"operationType": {"$in": ["insert"]}}}];
+        let mut c = backend
+            .open(&spec("orders", only_inserts.clone()), StartAt::Now)
+            .await
+            .expect("open");
+        insert(&backend, "orders", [1]).await;
+        backend
+            .client()
+            .database(DB)
+            .collection::<Document>("orders")
+            .drop()
+            .await
+            .expect("drop");
+        let first = next_event(&mut c).await.expect("the insert");
+        assert_eq!(first.get_str("operationType"), Ok("insert"));
+        // The server filtered drop and invalidate out and closed the cursor: the backend hands
+        // over the invalidate with the post-batch token, so the runtime halts `Invalidated`
+        // instead of re-opening in a loop.
+        let inv = next_event(&mut c).await.expect("the invalidate");
+        assert_eq!(inv.get_str("operationType"), Ok("invalidate"));
+        assert_eq!(next_item(&mut c).await.expect("closed"), None);
+        drop(c);
+        // Its token is the invalidate's: startAfter it reads the recreated collection.
+        let token =
+            flowwarden::ResumeToken::from_document(inv.get_document("_id").expect("token").clone());
+        let mut c = backend
+            .open(&spec("orders", only_inserts), StartAt::StartAfter(token))
+            .await
+            .expect("startAfter the invalidate");
+        insert(&backend, "orders", [7]).await;
+        assert_eq!(key_of(&next_event(&mut c).await.expect("new insert")), 7);
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn invalidate_closes_the_cursor_and_start_after_continues() {
     bounded(async {
         let (_emu, backend) = emulator().await;

@@ -263,7 +263,17 @@ impl ChangeCursor {
                 continue;
             }
             if let Some(inv) = self.pending_invalidate.take() {
-                events.push(encode(&invalidate_event(inv, data))?);
+                // Like the server: the invalidate goes through the user's pipeline too, and the
+                // cursor closes either way, its post-batch token the invalidate's.
+                let event = invalidate_event(inv, data);
+                let event = if self.pipeline.is_empty() {
+                    Some(event)
+                } else {
+                    self.pipeline.apply(event)
+                };
+                if let Some(event) = event {
+                    events.push(encode(&event)?);
+                }
                 self.pbrt = inv.to_document();
                 self.closed = true;
                 continue;
@@ -296,6 +306,10 @@ impl ChangeCursor {
             let Some(event) = event else {
                 self.pbrt = data.high_water(entry.pos).to_document();
                 self.next_pos += 1;
+                if self.scope.invalidated_by(entry) {
+                    // A filtered-out drop or rename still invalidates the stream.
+                    self.pending_invalidate = Some(Token::invalidate(entry));
+                }
                 continue;
             };
             if event.get_document("_id").ok() != Some(&token) {
