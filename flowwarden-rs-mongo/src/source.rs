@@ -196,6 +196,35 @@ impl ChangeSource for MongoBackend {
         spec: &WatchSpec,
         at: StartAt,
     ) -> Result<Box<dyn ChangeCursor>, SourceError> {
+        let cursor = self.open_cursor(spec, at.clone()).await?;
+        if at != StartAt::Now {
+            return Ok(Box::new(cursor));
+        }
+        // Never keep a cursor opened without a start option: when the driver's own resume
+        // (after a resumable `getMore` error) has its `aggregate` retried, the retry has lost
+        // the cached token and falls back to the original options, a later "now", skipping
+        // what came in between. Re-opened `resumeAfter` the initial position, the same retry
+        // replays from there instead.
+        let Some(initial) = cursor.initial.clone() else {
+            // A non-empty first batch gives no token (see docs/mongodb.md, driver traps).
+            return Ok(Box::new(cursor));
+        };
+        drop(cursor);
+        let mut cursor = self
+            .open_cursor(spec, StartAt::ResumeAfter(initial.clone()))
+            .await?;
+        cursor.initial = Some(initial);
+        Ok(Box::new(cursor))
+    }
+
+    fn describe(&self) -> String {
+        self.description.clone()
+    }
+}
+
+impl MongoBackend {
+    /// Opens the change stream of `spec` at `at`.
+    async fn open_cursor(&self, spec: &WatchSpec, at: StartAt) -> Result<MongoCursor, SourceError> {
         let split = split_requested(spec.stream, &spec.pipeline)?;
         let db = spec.database.as_deref().unwrap_or(&self.database);
         let coll = self
@@ -255,7 +284,7 @@ impl ChangeSource for MongoBackend {
             _ => None,
         };
         debug!(stream = spec.stream, %at, split, "change stream opened");
-        Ok(Box::new(MongoCursor {
+        Ok(MongoCursor {
             stream,
             name: spec.stream,
             initial,
@@ -270,11 +299,7 @@ impl ChangeSource for MongoBackend {
                 }
                 _ => None,
             },
-        }))
-    }
-
-    fn describe(&self) -> String {
-        self.description.clone()
+        })
     }
 }
 

@@ -405,6 +405,8 @@ impl Data {
 
     /// Drops entries older than `first` (keeps positions `>= first`).
     pub(crate) fn truncate_before(&mut self, first: u64) {
+        // Like a capped oplog, the newest entry always stays.
+        let first = first.min(self.head_pos);
         while self.oplog.front().is_some_and(|e| e.pos < first) {
             self.oplog.pop_front();
         }
