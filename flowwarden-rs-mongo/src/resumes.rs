@@ -42,7 +42,8 @@ pub(crate) struct DriverResumes {
 
 #[derive(Debug, Default)]
 struct Counts {
-    aggregates: HashMap<String, u64>,
+    /// Per open: its aggregates, read by its cursor without the lock.
+    aggregates: HashMap<String, Arc<AtomicU64>>,
     resumes: HashMap<String, u64>,
 }
 
@@ -58,25 +59,31 @@ impl DriverResumes {
                 return;
             }
             if let Some(comment) = tag_of(&started.command) {
-                *me.lock().aggregates.entry(comment.to_owned()).or_default() += 1;
+                if let Some(count) = me.lock().aggregates.get(comment) {
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
             }
         })
     }
 
-    /// A comment unique to one open of `stream`.
-    pub(crate) fn comment(&self, stream: &str) -> String {
+    /// A comment unique to one open of `stream`, and the counter of its aggregates (register
+    /// it before the open runs, so the open itself is counted).
+    pub(crate) fn register(&self, stream: &str) -> (String, Arc<AtomicU64>) {
         let n = self.next_open.fetch_add(1, Ordering::Relaxed);
-        format!("{COMMENT_PREFIX}{stream}:{n}")
+        let comment = format!("{COMMENT_PREFIX}{stream}:{n}");
+        let count = Arc::new(AtomicU64::new(0));
+        self.lock()
+            .aggregates
+            .insert(comment.clone(), count.clone());
+        (comment, count)
     }
 
-    /// Aggregates run so far under `comment` (the open itself included).
-    pub(crate) fn aggregates(&self, comment: &str) -> u64 {
-        self.lock().aggregates.get(comment).copied().unwrap_or(0)
-    }
-
-    /// Records `n` driver resumes of `stream`.
-    pub(crate) fn add_resumes(&self, stream: &str, n: u64) {
-        *self.lock().resumes.entry(stream.to_owned()).or_default() += n;
+    /// Records `n` driver resumes of `stream`; returns its total.
+    pub(crate) fn add_resumes(&self, stream: &str, n: u64) -> u64 {
+        let mut counts = self.lock();
+        let total = counts.resumes.entry(stream.to_owned()).or_default();
+        *total += n;
+        *total
     }
 
     /// Driver resumes of `stream` so far.
@@ -84,7 +91,7 @@ impl DriverResumes {
         self.lock().resumes.get(stream).copied().unwrap_or(0)
     }
 
-    /// Forgets a closed open's count.
+    /// Forgets a closed open's counter.
     pub(crate) fn forget(&self, comment: &str) {
         self.lock().aggregates.remove(comment);
     }

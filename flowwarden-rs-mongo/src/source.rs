@@ -9,6 +9,7 @@
 //!   filter-heavy streams advance their settled position.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -42,33 +43,43 @@ pub struct MongoCursor {
     ready: VecDeque<Document>,
     /// Whether an `invalidate` event was handed out (the cursor then closes).
     saw_invalidate: bool,
-    /// This open's `comment` and the aggregates already accounted for under it.
-    monitor: Option<(Arc<DriverResumes>, String, u64)>,
+    /// This open's driver-resume accounting, when the client is monitored.
+    monitor: Option<OpenMonitor>,
+}
+
+/// One open's share of the driver-resume count (see `resumes.rs`).
+struct OpenMonitor {
+    resumes: Arc<DriverResumes>,
+    comment: String,
+    /// Aggregates run under this open's comment, counted by the command monitor.
+    aggregates: Arc<AtomicU64>,
+    /// How many of them are accounted for (the open's own first).
+    seen: u64,
 }
 
 impl Drop for MongoCursor {
     fn drop(&mut self) {
-        if let Some((resumes, comment, _)) = &self.monitor {
-            resumes.forget(comment);
+        if let Some(m) = &self.monitor {
+            m.resumes.forget(&m.comment);
         }
     }
 }
 
 impl MongoCursor {
     /// Reports the aggregates the driver ran under this open's comment since the last look:
-    /// each is a resume the runtime did not decide.
+    /// each is a resume the runtime did not decide. One atomic read when there is none.
     fn account_driver_resumes(&mut self) {
-        let Some((resumes, comment, seen)) = &mut self.monitor else {
+        let Some(m) = &mut self.monitor else {
             return;
         };
-        let now = resumes.aggregates(comment);
-        if now > *seen {
-            let n = now - *seen;
-            *seen = now;
-            resumes.add_resumes(self.name, n);
+        let now = m.aggregates.load(Ordering::Relaxed);
+        if now > m.seen {
+            let n = now - m.seen;
+            m.seen = now;
+            let total = m.resumes.add_resumes(self.name, n);
             metrics::counter!("flowwarden.source.driver_resumes", "stream" => self.name)
                 .increment(n);
-            warn!(stream = self.name, resumes = n, total = resumes.resumes(self.name), "the driver resumed the change stream on its own after a resumable error (no restart counted, no backoff applied; nothing is lost: it resumes after the last event it returned)");
+            warn!(stream = self.name, resumes = n, total, "the driver resumed the change stream on its own after a resumable error (no restart counted, no backoff applied; nothing is lost: it resumes after the last event it returned)");
         }
     }
 }
@@ -231,17 +242,7 @@ impl MongoBackend {
             .client
             .database(db)
             .collection::<Document>(&spec.collection);
-        // A no-op first stage that tags this open's aggregates (the driver's resumes repeat
-        // it), so the command monitor can count the resumes (see `resumes.rs`).
-        let comment = self.resumes.as_ref().map(|r| r.comment(spec.stream));
-        let pipeline = comment
-            .iter()
-            .map(|c| doc! { "$match": { "$comment": c.as_str() } })
-            .chain(spec.pipeline.iter().cloned());
-        let mut watch = coll
-            .watch()
-            .pipeline(pipeline)
-            .batch_size(spec.batch_size.max(1));
+        let mut watch = coll.watch().batch_size(spec.batch_size.max(1));
         if let Some(f) = full_document(spec.full_document) {
             watch = watch.full_document(f);
         }
@@ -265,7 +266,18 @@ impl MongoBackend {
             StartAt::OperationTime(ts) => watch.start_at_operation_time(*ts),
             StartAt::Now | StartAt::OldestAvailable => watch,
         };
-        let stream = watch.await.map_err(|e| {
+        // A no-op first stage that tags this open's aggregates (the driver's resumes repeat
+        // it), so the command monitor can count the resumes (see `resumes.rs`). Registered
+        // last, so only the aggregate below can fail with it registered.
+        let registered = self.resumes.as_ref().map(|r| (r, r.register(spec.stream)));
+        let pipeline = registered
+            .iter()
+            .map(|(_, (c, _))| doc! { "$match": { "$comment": c.as_str() } })
+            .chain(spec.pipeline.iter().cloned());
+        let stream = watch.pipeline(pipeline).await.map_err(|e| {
+            if let Some((resumes, (comment, _))) = &registered {
+                resumes.forget(comment);
+            }
             let mut err = classify(&e);
             err.message = format!(
                 "stream '{}': opening the change stream at {at} failed: {}",
@@ -292,13 +304,12 @@ impl MongoBackend {
             assembler: Reassembler::new(spec.stream),
             ready: VecDeque::new(),
             saw_invalidate: false,
-            monitor: match (&self.resumes, comment) {
-                (Some(r), Some(c)) => {
-                    let seen = r.aggregates(&c);
-                    Some((r.clone(), c, seen))
-                }
-                _ => None,
-            },
+            monitor: registered.map(|(resumes, (comment, aggregates))| OpenMonitor {
+                resumes: resumes.clone(),
+                comment,
+                seen: aggregates.load(Ordering::Relaxed),
+                aggregates,
+            }),
         })
     }
 }
