@@ -177,13 +177,7 @@ async fn an_invalidate_the_pipeline_filters_out_is_still_handed_over() {
             .await
             .expect("open");
         insert(&backend, "orders", [1]).await;
-        backend
-            .client()
-            .database(DB)
-            .collection::<Document>("orders")
-            .drop()
-            .await
-            .expect("drop");
+        drop_collection(&backend, "orders").await;
         let first = next_event(&mut c).await.expect("the insert");
         assert_eq!(first.get_str("operationType"), Ok("insert"));
         // The server filtered drop and invalidate out and closed the cursor: the backend hands
@@ -215,13 +209,7 @@ async fn invalidate_closes_the_cursor_and_start_after_continues() {
             .await
             .expect("open");
         insert(&backend, "orders", [1]).await;
-        backend
-            .client()
-            .database(DB)
-            .collection::<Document>("orders")
-            .drop()
-            .await
-            .expect("drop");
+        drop_collection(&backend, "orders").await;
         let ops: Vec<String> = {
             let mut v = Vec::new();
             for _ in 0..3 {
@@ -245,13 +233,7 @@ async fn invalidate_closes_the_cursor_and_start_after_continues() {
             .expect("open");
         insert(&backend, "orders", [2]).await;
         let _ = next_event(&mut c2).await.expect("2");
-        backend
-            .client()
-            .database(DB)
-            .collection::<Document>("orders")
-            .drop()
-            .await
-            .expect("drop");
+        drop_collection(&backend, "orders").await;
         let _drop = next_event(&mut c2).await.expect("drop");
         let inv = next_event(&mut c2).await.expect("invalidate");
         assert_eq!(inv.get_str("operationType"), Ok("invalidate"));
@@ -616,6 +598,17 @@ async fn split_events_are_reassembled_and_unsplit_ones_are_too_large() {
         assert_eq!(err.code, Some(10334));
     })
     .await;
+}
+
+/// Drops `coll` (the stream on it is invalidated).
+async fn drop_collection(backend: &MongoBackend, coll: &str) {
+    backend
+        .client()
+        .database(DB)
+        .collection::<Document>(coll)
+        .drop()
+        .await
+        .expect("drop");
 }
 
 fn position(data: &str) -> StoredPosition {

@@ -129,18 +129,8 @@ async fn a_deposed_leader_cannot_move_the_checkpoint() {
     let backend = MemoryBackend::new();
     let d = leader_def("zombie");
     let gate = Arc::new(Notify::new());
-    let g = gate.clone();
     // A's handler blocks on change 2 (a long pause), then succeeds when woken.
-    let a = Probe::new(move |ctx| {
-        let g = g.clone();
-        async move {
-            if ctx.document_key() == Some(&doc! {"_id": 2}) {
-                g.notified().await;
-            }
-            Ok(())
-        }
-        .boxed()
-    });
+    let a = stalling_on(2, gate.clone());
     let rt_a = start_as(&backend, &a, d, "a").await;
     let b = Probe::default();
     let rt_b = start_as(&backend, &b, d, "b").await;

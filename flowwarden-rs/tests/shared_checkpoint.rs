@@ -8,9 +8,8 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{doc, Bson};
+use bson::Bson;
 use flowwarden::{HaltReason, MemoryBackend, StreamState};
-use futures::FutureExt;
 use support::*;
 use tokio::sync::Notify;
 
@@ -25,19 +24,8 @@ fn runbook_exists(path: &str) -> bool {
 async fn a_second_instance_halts_and_a_crashed_ones_in_flight_event_is_not_lost() {
     let backend = MemoryBackend::new();
     let d = def("shared", |_| {});
-    let gate = Arc::new(Notify::new());
-    let g = gate.clone();
     // A, the slow replica: blocks in change 2 until it crashes.
-    let a = Probe::new(move |ctx| {
-        let g = g.clone();
-        async move {
-            if ctx.document_key() == Some(&doc! {"_id": 2}) {
-                g.notified().await;
-            }
-            Ok(())
-        }
-        .boxed()
-    });
+    let a = stalling_on(2, Arc::new(Notify::new()));
     let rt_a = start(&backend, &a, d).await;
     insert_ids(&backend, [1, 2]);
     wait_until("A is in change 2", || a.calls().len() == 2).await;

@@ -2,12 +2,29 @@
 //! in-memory backend.
 #![allow(dead_code)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bson::doc;
 use flowwarden::{AnyStream, MemoryBackend, Runtime, StreamDefinition, StreamStatus};
 
 pub use flowwarden_testkit::Probe;
+
+/// A probe whose handler blocks in the change of `_id` `id` until `gate` is notified (a long
+/// pause: a slow or frozen instance), then succeeds; every other change succeeds at once.
+pub fn stalling_on(id: i32, gate: Arc<tokio::sync::Notify>) -> Probe {
+    use futures::FutureExt;
+    Probe::new(move |ctx| {
+        let gate = gate.clone();
+        async move {
+            if ctx.document_key() == Some(&doc! {"_id": id}) {
+                gate.notified().await;
+            }
+            Ok(())
+        }
+        .boxed()
+    })
+}
 
 /// A definition for the probe with test-friendly defaults (no jitter, delays from 100 ms),
 /// adjusted by `f`.
