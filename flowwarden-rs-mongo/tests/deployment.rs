@@ -85,7 +85,7 @@ async fn takeover_after_a_crash_loses_nothing(t: &Target) {
     assert!(b.calls().is_empty(), "the standby consumes nothing");
     assert_eq!(state(&rt_b, "leader"), StreamState::Standby);
 
-    rt_a.handle().__crash().await;
+    rt_a.handle().crash().await;
     t.insert_ids([4, 5, 6]).await;
     wait_until("B took over and handled 4..6", || {
         let keys = b.handled_keys();

@@ -159,7 +159,7 @@ async fn crash_redelivers_the_in_flight_change(t: &Target) {
         wait_until("2 received", || probe.calls().len() == 2).await;
         // Let the heartbeat run while change 2 is in flight: it must not record 2.
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        rt.handle().__crash().await;
+        rt.handle().crash().await;
         let (seen, _) = t.stored_tokens(name).await;
         assert_eq!(
             seen,
@@ -191,7 +191,7 @@ async fn a_crash_before_the_first_checkpoint_does_not_skip_to_a_later_now(t: &Ta
     let rt = start(t, &probe, d).await;
     t.insert_ids([1]).await;
     wait_until("1 received", || probe.calls().len() == 1).await;
-    rt.handle().__crash().await;
+    rt.handle().crash().await;
     t.insert_ids([2]).await;
     let again = Probe::default();
     let rt = start(t, &again, d).await;

@@ -1,6 +1,6 @@
-//! The trait `#[change_stream]` implements, and the type-erased stream the runtime runs.
+//! The trait `#[change_stream]` implements (what a declared stream is, for users and the
+//! generated code). The engine runs it through [`crate::AnyStream`].
 
-use std::any::TypeId;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -61,43 +61,4 @@ pub trait StreamHandler: Send + Sync + 'static {
 pub trait CollectionName {
     /// The collection's name.
     const COLLECTION: &'static str;
-}
-
-/// A stream instance with its handler type erased, ready for the runtime.
-#[derive(Clone)]
-pub struct AnyStream {
-    pub(crate) inner: Arc<dyn crate::engine::ErasedStream>,
-    pub(crate) type_id: TypeId,
-}
-
-impl AnyStream {
-    /// Wraps a constructed handler instance.
-    pub fn new<H: StreamHandler>(handler: H) -> Self {
-        Self::with_definition(handler, H::definition())
-    }
-
-    /// Wraps a handler instance with a definition other than its declared one (for tests and
-    /// simulations that vary settings, or for running one handler type as several streams).
-    pub fn with_definition<H: StreamHandler>(
-        handler: H,
-        definition: &'static StreamDefinition,
-    ) -> Self {
-        Self {
-            inner: Arc::new(crate::engine::TypedStream::new(handler, definition)),
-            type_id: TypeId::of::<H>(),
-        }
-    }
-
-    /// The stream's definition.
-    pub fn definition(&self) -> &'static StreamDefinition {
-        self.inner.definition()
-    }
-}
-
-impl std::fmt::Debug for AnyStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AnyStream")
-            .field("name", &self.definition().name)
-            .finish()
-    }
 }

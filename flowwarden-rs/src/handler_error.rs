@@ -65,6 +65,22 @@ impl HandlerError {
         Self::with_kind(kind, Message(message.to_string()))
     }
 
+    /// The failure a caught panic becomes (kind [`HandlerErrorKind::Panicked`]), with the
+    /// panic's message when its payload is a string.
+    pub fn from_panic(payload: Box<dyn std::any::Any + Send>) -> Self {
+        let message = if let Some(s) = payload.downcast_ref::<&str>() {
+            (*s).to_owned()
+        } else if let Some(s) = payload.downcast_ref::<String>() {
+            s.clone()
+        } else {
+            "non-string panic payload".to_owned()
+        };
+        Self::kind_msg(
+            HandlerErrorKind::Panicked,
+            format!("handler panicked: {message}"),
+        )
+    }
+
     /// The class of this error.
     pub fn kind(&self) -> HandlerErrorKind {
         self.kind

@@ -56,7 +56,9 @@ pub mod event;
 pub mod handler;
 pub mod handler_error;
 pub mod lease;
+#[cfg(feature = "matcher")]
 pub mod matcher;
+#[cfg(feature = "memory")]
 pub mod memory;
 pub(crate) mod registry;
 pub mod runtime;
@@ -76,10 +78,12 @@ pub use definition::{
     CheckpointConfig, Deployment, FullDocument, FullDocumentBeforeChange, LeaseConfig,
     OnHistoryLost, RestartConfig, ResumeStrategy, RetryConfig, StartPosition, StreamDefinition,
 };
+pub use engine::AnyStream;
 pub use event::{ChangeEvent, Namespace, OperationType, ResumeToken, UpdateDescription};
-pub use handler::{AnyStream, CollectionName, HandlerFuture, StreamHandler};
+pub use handler::{CollectionName, HandlerFuture, StreamHandler};
 pub use handler_error::{ErrorAction, HandlerError, HandlerErrorKind, IntoHandlerResult};
 pub use lease::{Fence, InstanceId, Lease, LeaseStore};
+#[cfg(feature = "memory")]
 pub use memory::MemoryBackend;
 pub use runtime::{
     builder, run, Builder, ControlError, DeadLetterError, DeadLetters, RunError, Runtime,

@@ -14,8 +14,9 @@ pub use crate::definition::{
     OnHistoryLost, RestartConfig, ResumeStrategy, RetryConfig, SourceLocation, StartPosition,
     StreamDefinition,
 };
+pub use crate::engine::AnyStream;
 pub use crate::event::OperationType;
-pub use crate::handler::{AnyStream, CollectionName, HandlerFuture, StreamHandler};
+pub use crate::handler::{CollectionName, HandlerFuture, StreamHandler};
 pub use crate::handler_error::{ErrorAction, HandlerError, HandlerErrorKind, IntoHandlerResult};
 pub use crate::registry::Registration;
 
@@ -35,7 +36,7 @@ where
     Box::pin(async move {
         match tokio::task::spawn_blocking(f).await {
             Ok(result) => result,
-            Err(join) if join.is_panic() => Err(crate::engine::panic_error(join.into_panic())),
+            Err(join) if join.is_panic() => Err(HandlerError::from_panic(join.into_panic())),
             Err(join) => Err(HandlerError::msg(format!(
                 "blocking handler was cancelled: {join}"
             ))),

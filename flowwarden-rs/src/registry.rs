@@ -3,7 +3,7 @@
 use std::any::TypeId;
 
 use crate::definition::StreamDefinition;
-use crate::handler::AnyStream;
+use crate::engine::AnyStream;
 
 /// One registered stream, submitted by the code `#[change_stream]` generates.
 #[doc(hidden)]

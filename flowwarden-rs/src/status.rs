@@ -33,6 +33,17 @@ pub struct Halt {
     pub runbook: &'static str,
 }
 
+impl Halt {
+    /// A halt for `reason`, with its runbook.
+    pub fn new(reason: HaltReason, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+            runbook: reason.runbook(),
+        }
+    }
+}
+
 impl std::fmt::Display for Halt {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} (runbook: {})", self.message, self.runbook)

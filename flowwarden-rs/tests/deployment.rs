@@ -75,7 +75,7 @@ async fn one_leader_per_stream_and_a_standby_takes_over_after_a_crash() {
     );
 
     let crashed_at = tokio::time::Instant::now();
-    rts[leader].handle().__crash().await;
+    rts[leader].handle().crash().await;
     for n in 4..=6 {
         c.update_one(doc! {"_id": 1}, doc! {"$set": {"n": n}})
             .unwrap();
@@ -492,7 +492,7 @@ async fn a_leader_whose_renewal_hangs_stops_before_its_lease_expires() {
         "A stopped (its renewal never answered) and stands by"
     );
     rt_b.shutdown().await;
-    rt_a.handle().__crash().await;
+    rt_a.handle().crash().await;
 }
 
 /// The lease's validity counts from the request, not from a late answer: a grant answered 3 s
@@ -527,5 +527,5 @@ async fn a_late_grant_counts_from_the_request() {
         a.calls()
     );
     rt_b.shutdown().await;
-    rt_a.handle().__crash().await;
+    rt_a.handle().crash().await;
 }

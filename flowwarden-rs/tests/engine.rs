@@ -210,7 +210,7 @@ async fn crash_after_receive(strategy: ResumeStrategy) {
     wait_until("2 received", || probe.calls().len() == 2).await;
     // Let the heartbeat run while change 2 is in flight: it must not record 2.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    rt.handle().__crash().await;
+    rt.handle().crash().await;
     assert_eq!(
         stored_tokens(&backend, name).0.as_deref(),
         Some(token_of(1).as_str())
@@ -894,11 +894,11 @@ async fn the_crash_test_catches_the_classic_seen_as_done_bug() {
         }
         .boxed()
     });
-    let rt = start_with(&backend, &probe, d, |b| b.__checkpoint_on_receipt(true)).await;
+    let rt = start_with(&backend, &probe, d, |b| b.checkpoint_on_receipt(true)).await;
     insert_ids(&backend, [1, 2]);
     wait_until("2 received", || probe.calls().len() == 2).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    rt.handle().__crash().await;
+    rt.handle().crash().await;
     assert_eq!(
         stored_tokens(&backend, "buggy").0.as_deref(),
         Some(token_of(2).as_str()),
@@ -984,7 +984,7 @@ async fn a_crash_before_the_first_checkpoint_does_not_skip_to_a_later_now() {
     let rt = start(&backend, &probe, d).await;
     insert_ids(&backend, [1]);
     wait_until("1 received", || probe.calls().len() == 1).await;
-    rt.handle().__crash().await;
+    rt.handle().crash().await;
     insert_ids(&backend, [2]);
     let again = Probe::default();
     let rt = start(&backend, &again, d).await;

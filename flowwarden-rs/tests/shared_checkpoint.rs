@@ -51,7 +51,7 @@ async fn a_second_instance_halts_and_a_crashed_ones_in_flight_event_is_not_lost(
 
     // A crashes with change 2 in flight; its replacement (a new generated identity) waits for
     // the crashed guard to expire, then resumes from A's checkpoint: 2 is handled, not skipped.
-    rt_a.handle().__crash().await;
+    rt_a.handle().crash().await;
     insert_ids(&backend, [3]);
     let crashed_at = tokio::time::Instant::now();
     let c = Probe::default();

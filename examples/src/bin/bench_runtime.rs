@@ -111,10 +111,25 @@ async fn main() {
         ..def.checkpoint
     };
     let def: &'static _ = Box::leak(Box::new(def));
-    backend.put_checkpoint_document(
-        "bench",
-        doc! {"_id": "bench", "lastSeenToken": {"_data": format!("{:016X}", 0)}, "updatedAt": bson::DateTime::now()},
-    );
+    // Start after the bare loop's position 0 (the oplog's first token), as the bare loop does.
+    let start = flowwarden::Checkpoint {
+        stream: "bench".into(),
+        last_processed: None,
+        last_seen: Some(flowwarden::StoredPosition {
+            token: flowwarden::ResumeToken::from_document(doc! {"_data": format!("{:016X}", 0)}),
+            cluster_time: None,
+            wall_time: None,
+            start_after: false,
+        }),
+        owner: None,
+        epoch: None,
+        updated_at: bson::DateTime::now(),
+    };
+    let stores: flowwarden::Backend = backend.clone().into();
+    if let Err(e) = stores.checkpoints.save(&start).await {
+        eprintln!("cannot write the start checkpoint: {e}");
+        std::process::exit(1);
+    }
     let t = Instant::now();
     let rt = match flowwarden::builder()
         .discover(false)

@@ -210,7 +210,7 @@ pub fn def(name: &'static str, f: impl FnOnce(&mut StreamDefinition)) -> &'stati
     flowwarden_testkit::probe_def(name, 10, f)
 }
 
-/// The checkpoint guard of these tests: a restart after `__crash` (a new generated identity)
+/// The checkpoint guard of these tests: a restart after `crash` (a new generated identity)
 /// waits for the crashed runtime's guard to expire, at most lease + poll = 4 s.
 pub const SHORT_GUARD: flowwarden::LeaseConfig = flowwarden::LeaseConfig {
     lease_secs: 3,

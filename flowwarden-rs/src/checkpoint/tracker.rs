@@ -59,16 +59,13 @@ pub(crate) struct Tracker {
     processed_since_save: u32,
     dirty: bool,
     /// Test-only: reintroduces the classic bug (a position counts as done on receipt).
+    #[cfg(feature = "test-util")]
     checkpoint_on_receipt: bool,
 }
 
 impl Tracker {
     /// Starts from the stored positions (so a flush never moves a checkpoint backwards).
-    pub(crate) fn new(
-        seen: Option<StoredPosition>,
-        processed: Option<StoredPosition>,
-        checkpoint_on_receipt: bool,
-    ) -> Self {
+    pub(crate) fn new(seen: Option<StoredPosition>, processed: Option<StoredPosition>) -> Self {
         Self {
             pending: VecDeque::new(),
             next_seq: 0,
@@ -77,14 +74,24 @@ impl Tracker {
             seen_floor: None,
             processed_since_save: 0,
             dirty: false,
-            checkpoint_on_receipt,
+            #[cfg(feature = "test-util")]
+            checkpoint_on_receipt: false,
         }
+    }
+
+    /// Test-only: makes this tracker count a position as done on receipt (the classic bug), so
+    /// a test can prove its checker catches it.
+    #[cfg(feature = "test-util")]
+    pub(crate) fn with_checkpoint_on_receipt(mut self, on: bool) -> Self {
+        self.checkpoint_on_receipt = on;
+        self
     }
 
     /// Registers a received position (seen, not settled).
     pub(crate) fn receive(&mut self, position: StoredPosition) -> Ticket {
         let seq = self.next_seq;
         self.next_seq += 1;
+        #[cfg(feature = "test-util")]
         if self.checkpoint_on_receipt {
             // The bug the simulation must catch: "seen" treated as "done".
             self.seen = Some(position.clone());
@@ -221,7 +228,7 @@ mod tests {
 
     #[test]
     fn checkpoint_never_passes_an_unsettled_position() {
-        let mut t = Tracker::new(None, None, false);
+        let mut t = Tracker::new(None, None);
         let a = t.receive(pos(1));
         let b = t.receive(pos(2));
         t.settle(b, Settlement::Handled);
@@ -233,7 +240,7 @@ mod tests {
 
     #[test]
     fn filtered_and_idle_advance_seen_only() {
-        let mut t = Tracker::new(None, None, false);
+        let mut t = Tracker::new(None, None);
         let a = t.receive(pos(1));
         t.settle(a, Settlement::Handled);
         let b = t.receive(pos(2));
@@ -245,7 +252,7 @@ mod tests {
 
     #[test]
     fn an_unrouted_invalidate_moves_both_tokens_past_it() {
-        let mut t = Tracker::new(None, None, false);
+        let mut t = Tracker::new(None, None);
         let a = t.receive(pos(1));
         t.settle(a, Settlement::Handled);
         let drop = t.receive(pos(2));
@@ -263,7 +270,7 @@ mod tests {
 
     #[test]
     fn idle_waits_for_earlier_in_flight() {
-        let mut t = Tracker::new(None, None, false);
+        let mut t = Tracker::new(None, None);
         let a = t.receive(pos(1));
         t.receive_idle(pos(2));
         assert_eq!(t.settled_seen(), None);
@@ -273,16 +280,17 @@ mod tests {
 
     #[test]
     fn abandoned_positions_do_not_block_or_advance() {
-        let mut t = Tracker::new(Some(pos(0)), None, false);
+        let mut t = Tracker::new(Some(pos(0)), None);
         let _a = t.receive(pos(1));
         t.abandon_unsettled();
         assert_eq!(t.unsettled(), 0);
         assert_eq!(data(t.settled_seen()).as_deref(), Some("0000"));
     }
 
+    #[cfg(feature = "test-util")]
     #[test]
     fn the_classic_bug_switch_checkpoints_on_receipt() {
-        let mut t = Tracker::new(None, None, true);
+        let mut t = Tracker::new(None, None).with_checkpoint_on_receipt(true);
         let _a = t.receive(pos(1));
         assert_eq!(data(t.settled_seen()).as_deref(), Some("0001"));
     }
@@ -290,7 +298,7 @@ mod tests {
     #[test]
     fn a_replay_from_processed_keeps_the_stored_seen_until_it_passes_it() {
         // Stored: processed #1, seen #3 (#2 and #3 were filtered). Replaying from #1:
-        let mut t = Tracker::new(Some(pos(3)), Some(pos(1)), false);
+        let mut t = Tracker::new(Some(pos(3)), Some(pos(1)));
         t.hold_seen_floor();
         let two = t.receive(pos(2));
         t.settle(two, Settlement::Filtered);
@@ -318,7 +326,7 @@ mod tests {
         assert_eq!(data(cp.last_processed.as_ref()).as_deref(), Some("0003"));
 
         // Nothing to hold when seen is not ahead of processed, or tokens do not compare.
-        let mut t = Tracker::new(Some(pos(1)), Some(pos(1)), false);
+        let mut t = Tracker::new(Some(pos(1)), Some(pos(1)));
         t.hold_seen_floor();
         assert!(t.seen_floor.is_none());
         let opaque = StoredPosition {
@@ -327,7 +335,7 @@ mod tests {
             ),
             ..pos(0)
         };
-        let mut t = Tracker::new(Some(opaque), Some(pos(1)), false);
+        let mut t = Tracker::new(Some(opaque), Some(pos(1)));
         t.hold_seen_floor();
         assert!(t.seen_floor.is_none());
     }

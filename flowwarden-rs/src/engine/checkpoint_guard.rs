@@ -87,13 +87,9 @@ pub(crate) async fn run_guarded(
 /// Halts: another live instance runs this stream under the same checkpoint.
 fn shared(env: &StreamEnv, name: &str, holder: &str) -> StreamExit {
     let reason = HaltReason::SharedCheckpoint;
-    let halt = Halt {
-        reason,
-        message: format!(
+    let halt = Halt::new(reason, format!(
             "stream '{name}' is AllInstances without a configured instance identity, and another live instance ({holder}) runs it under the same checkpoint; sharing it would lose events. Give each replica its own FLOWWARDEN_INSTANCE_ID, or use deployment = SingleLeader"
-        ),
-        runbook: reason.runbook(),
-    };
+        ));
     error!(
         stream = name,
         runbook = halt.runbook,

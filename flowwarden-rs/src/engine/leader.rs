@@ -7,20 +7,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use super::{ErasedStream, StreamEnv, StreamExit};
+use super::{AbortOnDrop, ErasedStream, StreamEnv, StreamExit};
 use crate::definition::LeaseConfig;
 use crate::lease::{Fence, Lease, LeaseStore};
 use crate::status::{HaltReason, StreamState};
-
-/// Aborts a helper task when the leader loop ends or is dropped (a crash included), so a
-/// dead leader never keeps renewing its lease.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 /// Runs `stream` whenever this instance holds its lease; stands by otherwise.
 pub(crate) async fn run_single_leader(

@@ -7,23 +7,17 @@ mod process;
 mod reader;
 mod resume;
 mod rng;
+mod stream;
 mod worker;
 
-use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use futures::FutureExt;
 use tokio::sync::watch;
 
 use crate::checkpoint::CheckpointStore;
-use crate::context::ChangeContext;
 use crate::dead_letter::DeadLetterStore;
-use crate::definition::{LeaseConfig, StreamDefinition};
-use crate::event::ChangeEvent;
-use crate::handler::StreamHandler;
-use crate::handler_error::{HandlerError, HandlerErrorKind};
+use crate::definition::LeaseConfig;
 use crate::lease::Fence;
 use crate::source::ChangeSource;
 use crate::status::{Halt, StatusCell};
@@ -31,6 +25,8 @@ use crate::status::{Halt, StatusCell};
 pub(crate) use checkpoint_guard::{guard_name, run_guarded};
 pub(crate) use leader::run_single_leader;
 pub(crate) use rng::Rng;
+pub use stream::AnyStream;
+pub(crate) use stream::ErasedStream;
 
 /// Engine settings shared by every stream of a runtime.
 #[derive(Debug, Clone)]
@@ -41,6 +37,8 @@ pub(crate) struct EngineOptions {
     pub(crate) default_database: String,
     pub(crate) seed: u64,
     pub(crate) dead_letter_write_attempts: u32,
+    /// Test-only: the classic bug switch (see `Builder::checkpoint_on_receipt`).
+    #[cfg(feature = "test-util")]
     pub(crate) checkpoint_on_receipt: bool,
     /// Timing of the checkpoint guard of `AllInstances` streams without a configured identity.
     pub(crate) checkpoint_guard: LeaseConfig,
@@ -71,69 +69,12 @@ pub(crate) enum StreamExit {
     Halted(Halt),
 }
 
-/// A stream with its handler type erased.
-pub(crate) trait ErasedStream: Send + Sync + 'static {
-    fn definition(&self) -> &'static StreamDefinition;
-    fn run(&self, env: StreamEnv) -> BoxFuture<'static, StreamExit>;
-    fn replay(&self, raw: bson::Document) -> BoxFuture<'static, Result<(), HandlerError>>;
-}
+/// Aborts a helper task when its owner ends or is dropped (a crash included): the reader of
+/// a session, a leader's renewal loop; so a dead stream never keeps reading or renewing.
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
-/// The typed side of [`ErasedStream`].
-pub(crate) struct TypedStream<H: StreamHandler> {
-    handler: Arc<H>,
-    def: &'static StreamDefinition,
-}
-
-impl<H: StreamHandler> TypedStream<H> {
-    pub(crate) fn new(handler: H, def: &'static StreamDefinition) -> Self {
-        Self {
-            handler: Arc::new(handler),
-            def,
-        }
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
-}
-
-impl<H: StreamHandler> ErasedStream for TypedStream<H> {
-    fn definition(&self) -> &'static StreamDefinition {
-        self.def
-    }
-
-    fn run(&self, env: StreamEnv) -> BoxFuture<'static, StreamExit> {
-        worker::run_stream(self.handler.clone(), self.def, env).boxed()
-    }
-
-    fn replay(&self, raw: bson::Document) -> BoxFuture<'static, Result<(), HandlerError>> {
-        let handler = self.handler.clone();
-        let name = self.def.name;
-        async move {
-            let event = ChangeEvent::from_raw(raw)
-                .map_err(|e| HandlerError::kind_msg(HandlerErrorKind::Decode, e))?;
-            let ctx = ChangeContext::<H::Document>::decode(name, Arc::new(event))
-                .map_err(|e| HandlerError::with_kind(HandlerErrorKind::Decode, e))?;
-            let ctx = Arc::new(ctx);
-            if !process::call_filter(&*handler, &ctx)? {
-                return Ok(());
-            }
-            match H::handle(handler, ctx) {
-                Some(fut) => process::catch_panic(fut).await,
-                None => Ok(()),
-            }
-        }
-        .boxed()
-    }
-}
-
-/// Turns a caught panic payload into a handler failure.
-pub(crate) fn panic_error(payload: Box<dyn Any + Send>) -> HandlerError {
-    let message = if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_owned()
-    };
-    HandlerError::kind_msg(
-        HandlerErrorKind::Panicked,
-        format!("handler panicked: {message}"),
-    )
 }

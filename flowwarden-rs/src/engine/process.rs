@@ -45,7 +45,7 @@ pub(crate) struct ProcessCx<'a> {
 pub(crate) async fn catch_panic(fut: HandlerFuture) -> Result<(), HandlerError> {
     match AssertUnwindSafe(fut).catch_unwind().await {
         Ok(result) => result,
-        Err(payload) => Err(super::panic_error(payload)),
+        Err(payload) => Err(HandlerError::from_panic(payload)),
     }
 }
 
@@ -55,7 +55,7 @@ pub(crate) fn call_filter<H: StreamHandler>(
     ctx: &ChangeContext<H::Document>,
 ) -> Result<bool, HandlerError> {
     std::panic::catch_unwind(AssertUnwindSafe(|| handler.filter(ctx))).map_err(|payload| {
-        let mut e = super::panic_error(payload);
+        let mut e = HandlerError::from_panic(payload);
         e = HandlerError::kind_msg(
             HandlerErrorKind::Panicked,
             format!(
@@ -196,15 +196,14 @@ pub(crate) async fn process_event<H: StreamHandler>(
                 };
             }
             ErrorAction::Halt => {
-                return EventOutcome::Halt(Halt {
-                    reason: HaltReason::HaltRequested,
-                    message: format!(
+                return EventOutcome::Halt(Halt::new(
+                    HaltReason::HaltRequested,
+                    format!(
                         "stream '{name}' halted by #[on_error] on event {} ({}): {err:#}",
                         ctx.event_id(),
                         event.operation_type()
                     ),
-                    runbook: HaltReason::HaltRequested.runbook(),
-                });
+                ));
             }
         }
     }
@@ -219,15 +218,11 @@ async fn dead_letter_at(
 ) -> EventOutcome {
     let name = cx.def.name;
     let Some(store) = cx.dead_letters else {
-        let halt = Halt {
-            reason: HaltReason::NoDeadLetterStore,
-            message: format!(
+        let halt = Halt::new(HaltReason::NoDeadLetterStore, format!(
                 "stream '{name}': event {} ({}) failed after {attempts} attempt(s) and no dead-letter store is configured, so it cannot be set aside; the stream halts and the event will be delivered again on restart. Last error: {err:#}",
                 event.token(),
                 event.operation_type()
-            ),
-            runbook: HaltReason::NoDeadLetterStore.runbook(),
-        };
+            ));
         error!(stream = name, "{halt}");
         return EventOutcome::Halt(halt);
     };
@@ -266,11 +261,10 @@ async fn dead_letter_at(
                 };
             }
             Err(e) if e.kind == StoreErrorKind::Fenced => {
-                return EventOutcome::Halt(Halt {
-                    reason: HaltReason::Fenced,
-                    message: format!("stream '{name}': dead-letter write rejected: {}", e.message),
-                    runbook: HaltReason::Fenced.runbook(),
-                });
+                return EventOutcome::Halt(Halt::new(
+                    HaltReason::Fenced,
+                    format!("stream '{name}': dead-letter write rejected: {}", e.message),
+                ));
             }
             Err(e) => {
                 warn!(stream = name, id = %record.id, attempt, error = %e, "dead-letter write failed; the event stays unsettled");
@@ -281,15 +275,11 @@ async fn dead_letter_at(
             }
         }
     }
-    let halt = Halt {
-        reason: HaltReason::DeadLetterStoreFailed,
-        message: format!(
+    let halt = Halt::new(HaltReason::DeadLetterStoreFailed, format!(
             "stream '{name}': could not store the dead-letter record for event {} after {tries} attempt(s) ({}); the event is not settled and will be delivered again on restart",
             event.token(),
             last_err.map(|e| e.to_string()).unwrap_or_default()
-        ),
-        runbook: HaltReason::DeadLetterStoreFailed.runbook(),
-    };
+        ));
     error!(stream = name, "{halt}");
     EventOutcome::Halt(halt)
 }

@@ -4,8 +4,11 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+#[cfg(feature = "test-util")]
 use super::MemoryBackend;
-use crate::source::{SourceError, SourceErrorKind};
+use crate::source::SourceError;
+#[cfg(feature = "test-util")]
+use crate::source::SourceErrorKind;
 
 #[derive(Debug, Default)]
 pub(crate) struct FaultState {
@@ -23,12 +26,15 @@ pub(crate) struct FaultState {
     pub(crate) opens: u64,
 }
 
-/// Injects faults into a [`MemoryBackend`]. Obtained with [`MemoryBackend::faults`].
+/// Injects faults into a [`MemoryBackend`]. Obtained with [`MemoryBackend::faults`]
+/// (feature `test-util`).
+#[cfg(feature = "test-util")]
 #[derive(Clone)]
 pub struct Faults {
     backend: MemoryBackend,
 }
 
+#[cfg(feature = "test-util")]
 impl Faults {
     pub(crate) fn new(backend: MemoryBackend) -> Self {
         Self { backend }

@@ -19,6 +19,7 @@ use bson::Document;
 use tokio::sync::Notify;
 
 pub use collection::{MemoryCollection, MemoryError};
+#[cfg(feature = "test-util")]
 pub use faults::Faults;
 use oplog::Entry;
 
@@ -111,7 +112,8 @@ impl MemoryBackend {
         MemoryCollection::new(self.clone(), db, name)
     }
 
-    /// Fault injection.
+    /// Fault injection (feature `test-util`).
+    #[cfg(feature = "test-util")]
     pub fn faults(&self) -> Faults {
         Faults::new(self.clone())
     }
@@ -138,7 +140,8 @@ impl MemoryBackend {
         self.lock().checkpoints.get(stream).cloned()
     }
 
-    /// Stores a raw checkpoint document (for tests of corrupt checkpoints).
+    /// Stores a raw checkpoint document (feature `test-util`: for tests of corrupt checkpoints).
+    #[cfg(feature = "test-util")]
     pub fn put_checkpoint_document(&self, stream: &str, doc: Document) {
         self.lock().checkpoints.insert(stream.to_owned(), doc);
     }

@@ -292,7 +292,7 @@ impl Sim<'_> {
             .batch_size(s.batch_size)
             .shutdown_timeout(Duration::from_millis(s.shutdown_timeout_ms))
             .dead_letter_write_attempts(s.dead_letter_write_attempts)
-            .__checkpoint_on_receipt(self.opts.checkpoint_on_receipt);
+            .checkpoint_on_receipt(self.opts.checkpoint_on_receipt);
         if multi {
             builder = builder.instance_id(id);
         }
@@ -351,7 +351,7 @@ impl Sim<'_> {
     async fn crash(&mut self, i: usize) {
         if let Some(rt) = self.slots[i].runtime.take() {
             let h = rt.handle();
-            h.__crash().await;
+            h.crash().await;
             let st = h.status(STREAM);
             drop(rt);
             self.ended(self.slots[i].inc, "crash", st);

@@ -135,7 +135,7 @@ async fn crash_before_the_first_checkpoint_does_not_skip_changes() {
         .wait_for("bug", |s| s.state == StreamState::Running)
         .await
         .unwrap();
-    rt.handle().__crash().await;
+    rt.handle().crash().await;
     memory
         .collection("orders")
         .insert_one(doc! {"_id": 1})

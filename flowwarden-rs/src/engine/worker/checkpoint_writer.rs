@@ -1,0 +1,61 @@
+//! Writing the tracker's settled prefix to the checkpoint store, stamped with the writer's
+//! identity and, for a leader, its fencing epoch.
+
+use std::sync::Arc;
+
+use bson::DateTime;
+use tracing::warn;
+
+use crate::checkpoint::{CheckpointStore, Tracker};
+use crate::lease::Fence;
+use crate::status::{Halt, HaltReason, StatusCell};
+use crate::store_error::StoreErrorKind;
+
+/// The tracker and the store its checkpoints go to.
+pub(super) struct Progress {
+    pub(super) tracker: Tracker,
+    pub(super) store: Arc<dyn CheckpointStore>,
+    pub(super) name: &'static str,
+    pub(super) key: String,
+    pub(super) fence: Option<Fence>,
+    /// The writing instance, stamped on every checkpoint (who wrote it, for operators).
+    pub(super) owner: String,
+    pub(super) status: Arc<StatusCell>,
+    pub(super) saved: metrics::Counter,
+    pub(super) failed: metrics::Counter,
+}
+
+impl Progress {
+    /// Writes the settled prefix if it moved since the last write. A failed write is logged
+    /// and retried at the next opportunity; a fenced write halts the stream.
+    pub(super) async fn save(&mut self) -> Result<(), Halt> {
+        if !self.tracker.is_dirty() {
+            return Ok(());
+        }
+        let name = self.name;
+        let mut snapshot = self.tracker.snapshot(&self.key, DateTime::now());
+        snapshot.owner = Some(self.owner.clone());
+        if let Some(f) = &self.fence {
+            snapshot.owner = Some(f.owner.clone());
+            snapshot.epoch = Some(f.epoch);
+        }
+        match self.store.save(&snapshot).await {
+            Ok(()) => {
+                self.tracker.mark_saved();
+                self.saved.increment(1);
+                self.status.update(|s| s.counters.checkpoints_saved += 1);
+                Ok(())
+            }
+            Err(e) if e.kind == StoreErrorKind::Fenced => Err(Halt::new(
+                HaltReason::Fenced,
+                format!("stream '{name}': checkpoint write rejected: {}", e.message),
+            )),
+            Err(e) => {
+                self.failed.increment(1);
+                self.status.update(|s| s.counters.checkpoint_failures += 1);
+                warn!(stream = name, error = %e, "checkpoint write failed; progress is kept in memory and written at the next opportunity");
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! One read session: the reader task feeds events through a bounded channel; each event is
+//! received by the tracker, processed (filter, route, retry, dead-letter) and settled, while
+//! the heartbeat and a stop request are served in the same select.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::DateTime;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+use tracing::{debug, info, warn, Instrument};
+
+use super::backoff::stopped;
+use super::{SessionEnd, Worker};
+use crate::checkpoint::{Settlement, StoredPosition};
+use crate::definition::StreamDefinition;
+use crate::engine::process::{process_event, EventOutcome, ProcessCx};
+use crate::engine::reader::{read_loop, ReadResult};
+use crate::engine::AbortOnDrop;
+use crate::event::{ChangeEvent, OperationType, ResumeToken};
+use crate::handler::StreamHandler;
+use crate::source::{ChangeCursor, SourceError, SourceErrorKind, SourceItem};
+use crate::status::{Halt, HaltReason};
+
+impl<H: StreamHandler> Worker<H> {
+    pub(super) fn receive_idle(&mut self, token: ResumeToken) {
+        if self.progress.tracker.unsettled() == 0
+            && self.progress.tracker.settled_seen().map(|p| &p.token) == Some(&token)
+        {
+            return;
+        }
+        self.progress.tracker.receive_idle(StoredPosition {
+            token,
+            cluster_time: None,
+            wall_time: None,
+            start_after: false,
+        });
+    }
+
+    pub(super) async fn session(&mut self, cursor: Box<dyn ChangeCursor>) -> SessionEnd {
+        let capacity = self.env.options.batch_size.clamp(1, 4096) as usize;
+        let (tx, mut rx) = mpsc::channel::<ReadResult>(capacity);
+        let reader = AbortOnDrop(tokio::spawn(read_loop(cursor, tx)));
+        let mut heartbeat = heartbeat(self.def);
+        let mut stop = self.env.stop.clone();
+        loop {
+            let msg = tokio::select! {
+                biased;
+                _ = stopped(&mut stop) => return SessionEnd::Stop,
+                _ = tick(&mut heartbeat) => {
+                    if let Err(h) = self.progress.save().await {
+                        return SessionEnd::Halt(h);
+                    }
+                    continue;
+                }
+                msg = rx.recv() => msg,
+            };
+            match msg {
+                None => {
+                    return SessionEnd::Source(SourceError::new(
+                        SourceErrorKind::Resumable,
+                        "the reader task ended unexpectedly",
+                    ))
+                }
+                Some(Err(e)) => return SessionEnd::Source(e),
+                Some(Ok(None)) => {
+                    return SessionEnd::Source(SourceError::new(
+                        SourceErrorKind::Resumable,
+                        "the source closed the cursor",
+                    ))
+                }
+                Some(Ok(Some(SourceItem::Idle(token)))) => {
+                    self.restart_failures = 0;
+                    if let Some(token) = token {
+                        self.receive_idle(token);
+                    }
+                }
+                Some(Ok(Some(SourceItem::Event(raw)))) => {
+                    self.restart_failures = 0;
+                    if let Some(end) = self.on_event(raw, &mut heartbeat).await {
+                        drop(reader);
+                        return end;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles one raw event; returns how the session ends, if it does.
+    pub(super) async fn on_event(
+        &mut self,
+        raw: bson::Document,
+        heartbeat: &mut Option<Interval>,
+    ) -> Option<SessionEnd> {
+        let name = self.def.name;
+        let event = match ChangeEvent::from_raw(raw) {
+            Ok(e) => Arc::new(e),
+            Err(e) => {
+                return Some(SessionEnd::Halt(Halt::new(
+                    HaltReason::SourceFatal,
+                    format!("stream '{name}': the source delivered an event that cannot be identified ({e}); it cannot be checkpointed past, so the stream halts"),
+                )))
+            }
+        };
+        self.metrics.received.increment(1);
+        if let Some(wall) = event.wall_time() {
+            let lag_ms = DateTime::now().timestamp_millis() - wall.timestamp_millis();
+            self.metrics.lag.set(lag_ms as f64 / 1000.0);
+        }
+        let redelivered = self.recent.contains(event.token());
+        if redelivered {
+            self.metrics.redelivered.increment(1);
+            debug!(stream = name, token = %event.token(), "event delivered again after it was settled; processing it again (at-least-once)");
+        }
+        self.env.status.update(|s| {
+            s.counters.received += 1;
+            if redelivered {
+                s.counters.redelivered += 1;
+            }
+            if event.wall_time().is_some() {
+                s.last_event_at = event.wall_time();
+            }
+        });
+        let invalidate = *event.operation_type() == OperationType::Invalidate;
+        let ticket = self.progress.tracker.receive(StoredPosition {
+            token: event.token().clone(),
+            cluster_time: event.cluster_time(),
+            wall_time: event.wall_time(),
+            start_after: invalidate,
+        });
+
+        let cx = ProcessCx {
+            def: self.def,
+            dead_letters: self.env.dead_letters.as_ref(),
+            options: &self.env.options,
+            metrics: &self.metrics,
+            status: &self.env.status,
+            fence: self.env.fence.as_ref(),
+        };
+        let span = tracing::info_span!(
+            "event",
+            token = %event.token(),
+            operation = %event.operation_type(),
+        );
+        let fut = process_event(&self.handler, event.clone(), &cx, &mut self.rng).instrument(span);
+        tokio::pin!(fut);
+        let mut stop = self.env.stop.clone();
+        let mut deadline: Option<Instant> = None;
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                outcome = &mut fut => break Some(outcome),
+                _ = tick(heartbeat) => {
+                    if let Err(h) = self.progress.save().await {
+                        break Some(EventOutcome::Halt(h));
+                    }
+                }
+                _ = stopped(&mut stop), if deadline.is_none() => {
+                    let timeout = self.env.options.shutdown_timeout;
+                    info!(stream = name, timeout_ms = timeout.as_millis() as u64, "stop requested; waiting for the in-flight handler");
+                    deadline = Some(Instant::now() + timeout);
+                }
+                _ = sleep_until(deadline), if deadline.is_some() => {
+                    warn!(stream = name, token = %event.token(), "the in-flight handler did not finish within the shutdown timeout; the event stays unsettled and will be delivered again");
+                    break None;
+                }
+            }
+        };
+        let outcome = match outcome {
+            None => return Some(SessionEnd::Stop),
+            Some(o) => o,
+        };
+        match outcome {
+            EventOutcome::Halt(h) => Some(SessionEnd::Halt(h)),
+            EventOutcome::Settled { how, save_now } => {
+                self.progress.tracker.settle(ticket, how);
+                if how != Settlement::Filtered && how != Settlement::Unrouted {
+                    self.recent.insert(event.token());
+                }
+                let due = save_now
+                    || self.progress.tracker.processed_since_save()
+                        >= self.def.checkpoint.save_every_n
+                    || invalidate;
+                if due {
+                    if let Err(h) = self.progress.save().await {
+                        return Some(SessionEnd::Halt(h));
+                    }
+                }
+                if invalidate {
+                    return Some(SessionEnd::Invalidated);
+                }
+                if deadline.is_some() {
+                    return Some(SessionEnd::Stop);
+                }
+                None
+            }
+        }
+    }
+}
+
+fn heartbeat(def: &StreamDefinition) -> Option<Interval> {
+    let secs = def.checkpoint.save_interval_secs;
+    if secs == 0 {
+        return None;
+    }
+    let period = Duration::from_secs(secs);
+    let mut iv = tokio::time::interval_at(Instant::now() + period, period);
+    iv.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    Some(iv)
+}
+
+async fn tick(iv: &mut Option<Interval>) {
+    match iv {
+        Some(iv) => {
+            iv.tick().await;
+        }
+        None => std::future::pending::<()>().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending::<()>().await,
+    }
+}

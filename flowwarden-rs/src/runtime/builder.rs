@@ -1,0 +1,184 @@
+//! [`Builder`]: which streams, on which backend, with which settings; and starting them.
+
+use std::time::Duration;
+
+use tracing::info;
+
+use super::discovery::{check_deployments, check_guard_timing, log_warnings};
+use super::handle::{Runtime, RuntimeHandle};
+use super::supervisor::Inner;
+use super::StartupError;
+use crate::backend::Backend;
+use crate::definition::LeaseConfig;
+use crate::engine::{AnyStream, EngineOptions};
+use crate::handler::StreamHandler;
+use crate::lease::InstanceId;
+
+/// Configures and starts a [`Runtime`].
+pub struct Builder {
+    pub(super) instances: Vec<AnyStream>,
+    pub(super) discover: bool,
+    pub(super) only: Option<Vec<String>>,
+    pub(super) backend: Option<Backend>,
+    pub(super) without_dead_letters: bool,
+    pub(super) instance: Option<InstanceId>,
+    pub(super) options: EngineOptions,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Builder {
+    /// Defaults: discover registered streams, in-memory backend unless configured otherwise.
+    pub fn new() -> Self {
+        Self {
+            instances: Vec::new(),
+            discover: true,
+            only: None,
+            backend: None,
+            without_dead_letters: false,
+            instance: None,
+            options: EngineOptions {
+                shutdown_timeout: Duration::from_secs(30),
+                batch_size: 256,
+                max_await: Duration::from_millis(1000),
+                default_database: "flowwarden".into(),
+                seed: std::process::id() as u64 ^ 0x5EED,
+                dead_letter_write_attempts: 5,
+                #[cfg(feature = "test-util")]
+                checkpoint_on_receipt: false,
+                checkpoint_guard: LeaseConfig::DEFAULT,
+            },
+        }
+    }
+
+    /// Supplies a constructed handler instance (instead of `Default`) for its stream.
+    pub fn stream<H: StreamHandler>(mut self, handler: H) -> Self {
+        self.instances.push(AnyStream::new(handler));
+        self
+    }
+
+    /// Supplies a type-erased stream instance.
+    pub fn any_stream(mut self, stream: AnyStream) -> Self {
+        self.instances.push(stream);
+        self
+    }
+
+    /// Whether streams registered with `#[change_stream]` are started without being named
+    /// here (default true). With `false`, only streams given to [`Builder::stream`] run.
+    pub fn discover(mut self, discover: bool) -> Self {
+        self.discover = discover;
+        self
+    }
+
+    /// Runs only the streams with these names.
+    pub fn only<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.only = Some(names.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Uses this backend (source and stores).
+    pub fn backend(mut self, backend: impl Into<Backend>) -> Self {
+        self.backend = Some(backend.into());
+        self
+    }
+
+    /// Runs without a dead-letter store: a failure that exhausts its retries halts the stream
+    /// (nothing is ever dropped).
+    pub fn without_dead_letters(mut self) -> Self {
+        self.without_dead_letters = true;
+        self
+    }
+
+    /// This instance's identity (default: `FLOWWARDEN_INSTANCE_ID`, else host name, process
+    /// id and a random suffix). Give each replica a stable one: `AllInstances` checkpoints are
+    /// kept per instance when it is configured.
+    pub fn instance_id(mut self, id: impl Into<String>) -> Self {
+        self.instance = Some(InstanceId::configured(id));
+        self
+    }
+
+    /// How long a stop waits for an in-flight handler (default 30 s).
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.options.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Events per batch asked from the source (default 256).
+    pub fn batch_size(mut self, n: u32) -> Self {
+        self.options.batch_size = n.max(1);
+        self
+    }
+
+    /// How long a read waits on an idle stream before reporting an idle tick (default 1 s).
+    pub fn max_await(mut self, d: Duration) -> Self {
+        self.options.max_await = d;
+        self
+    }
+
+    /// Seed of the retry jitter (default: derived from the process id).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.options.seed = seed;
+        self
+    }
+
+    /// Timing of the checkpoint guard that `AllInstances` streams take when this instance's
+    /// identity is not configured (default: [`LeaseConfig::DEFAULT`], lease 30 s, renewed every
+    /// 10 s, polled every 5 s). After a crash, the next instance waits at most one lease period
+    /// plus one poll for the crashed one's guard to expire; a graceful shutdown frees it at once.
+    pub fn checkpoint_guard(mut self, timing: LeaseConfig) -> Self {
+        self.options.checkpoint_guard = timing;
+        self
+    }
+
+    /// How many times a dead-letter write is tried before the stream halts (default 5).
+    pub fn dead_letter_write_attempts(mut self, n: u32) -> Self {
+        self.options.dead_letter_write_attempts = n.max(1);
+        self
+    }
+
+    /// Test-only (feature `test-util`): reintroduces the classic bug (a position counted as
+    /// done on receipt) so a test can prove its checker catches it.
+    #[cfg(feature = "test-util")]
+    pub fn checkpoint_on_receipt(mut self, on: bool) -> Self {
+        self.options.checkpoint_on_receipt = on;
+        self
+    }
+
+    /// Validates everything and starts the enabled, auto-start streams.
+    pub async fn start(mut self) -> Result<Runtime, StartupError> {
+        let streams = self.collect_streams()?;
+        let mut backend = self.resolve_backend().await?;
+        if self.without_dead_letters {
+            backend.dead_letters = None;
+        }
+        self.options.default_database = backend.default_database.clone();
+        let instance = self.instance.take().unwrap_or_else(InstanceId::from_env);
+        check_deployments(&streams, &backend)?;
+        check_guard_timing(self.options.checkpoint_guard)?;
+        info!(instance = %instance, configured = instance.is_configured(), "instance identity");
+        for s in &streams {
+            log_warnings(s.definition(), &backend, &instance);
+        }
+        let handle = RuntimeHandle::new(Inner::new(streams, backend, self.options, instance));
+        for status in handle.streams() {
+            let def = handle.definition(status.name);
+            if def.is_some_and(|d| d.enabled && d.auto_start) {
+                let _ = handle.start(status.name);
+            } else {
+                info!(
+                    stream = status.name,
+                    "stream registered but not started (enabled = false or auto_start = false)"
+                );
+            }
+        }
+        Ok(Runtime::new(handle))
+    }
+}
