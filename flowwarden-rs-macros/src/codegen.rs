@@ -60,7 +60,7 @@ pub(crate) fn expand(s: &Stream) -> TokenStream {
                 use #p::ViaDefault as _;
                 #[allow(unused_imports)]
                 use #p::ViaNothing as _;
-                (&#p::Probe::<#self_ty>::new()).build()
+                (&#p::DefaultProbe::<#self_ty>::new()).build()
             }
 
             #[doc(hidden)]

@@ -7,35 +7,35 @@
 //! unusable tokens, fatal stream errors, oversized events and configuration mistakes each get
 //! their own kind, because the engine reacts differently to each.
 
-use flowwarden::{SourceError, SourceErrorKind};
+use flowwarden::port::{SourceError, SourceErrorKind};
 use mongodb::error::{Error, ErrorKind, WriteFailure};
 
 /// The driver's label for errors after which a change stream can be resumed.
-pub const RESUMABLE_LABEL: &str = "ResumableChangeStreamError";
+pub(crate) const RESUMABLE_LABEL: &str = "ResumableChangeStreamError";
 /// The server's label for change-stream errors that cannot be resumed.
-pub const NON_RESUMABLE_LABEL: &str = "NonResumableChangeStreamError";
+pub(crate) const NON_RESUMABLE_LABEL: &str = "NonResumableChangeStreamError";
 
 /// Codes the driver treats as resumable when the server does not label them (servers before
 /// 4.4): host unreachable, host not found, network timeout, shutdown, step-down, not primary,
 /// interrupted at shutdown, node recovering, socket exception, stale shard/config versions,
 /// retry change stream, failed to satisfy read preference, cursor not found, and the rest of
 /// the change-stream specification's list.
-pub const LEGACY_RESUMABLE_CODES: &[i32] = &[
+pub(crate) const LEGACY_RESUMABLE_CODES: &[i32] = &[
     6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436, 63, 150, 13388, 234, 133, 43,
 ];
 
 /// Transient codes outside the driver's list: authentication hiccups (18 AuthenticationFailed
 /// answered to a command, 391 ReauthenticationRequired), 50 MaxTimeMSExpired, 11601
 /// Interrupted.
-pub const TRANSIENT_CODES: &[i32] = &[18, 391, 50, 11601];
+pub(crate) const TRANSIENT_CODES: &[i32] = &[18, 391, 50, 11601];
 
 /// Codes that mean the requested position is older than the retained history.
-pub const HISTORY_LOST_CODES: &[i32] = &[286, 136];
+pub(crate) const HISTORY_LOST_CODES: &[i32] = &[286, 136];
 
 /// Codes that mean the stream definition (pipeline, options) is not acceptable to the server:
 /// unrecognized pipeline stage, `$changeStream` on a standalone, a stage that must be last,
 /// bad values and parse errors in the pipeline, unauthorized.
-pub const CONFIGURATION_CODES: &[i32] = &[2, 9, 13, 14, 40324, 40573, 40602, 40415, 15983, 17276];
+pub(crate) const CONFIGURATION_CODES: &[i32] = &[2, 9, 13, 14, 40324, 40573, 40602, 40415, 15983, 17276];
 
 /// Server-side wording of lost history on servers that do not send code 286.
 const HISTORY_LOST_MESSAGE: &str = "resume point may no longer be in the oplog";

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bson::{doc, Bson, DateTime, Document};
-use flowwarden::{Lease, LeaseStore, StoreError, StoreErrorKind};
+use flowwarden::port::{Lease, LeaseStore, StoreError, StoreErrorKind};
 use mongodb::options::ReturnDocument;
 use mongodb::Collection;
 
@@ -119,7 +119,7 @@ impl MongoBackend {
         epoch: i64,
     ) -> Result<(), StoreError> {
         let current = LeaseStore::current(self, stream).await?;
-        flowwarden::lease::check_fence(
+        flowwarden::port::check_fence(
             stream,
             current.as_ref().map(|l| (l.owner.as_str(), l.epoch)),
             owner,

@@ -33,6 +33,7 @@
 //! See `docs/mongodb.md` for server versions, privileges, pre- and post-images, oplog sizing and
 //! how each server error is handled.
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
+#![warn(unreachable_pub)]
 
 mod classify;
 mod lease;
@@ -44,8 +45,8 @@ mod token;
 use std::sync::Arc;
 
 use bson::{doc, Bson, Document};
+use flowwarden::port::{BackendDriver, ProvidedBackend};
 use flowwarden::Backend;
-use futures::future::BoxFuture;
 use mongodb::Client;
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
@@ -62,7 +63,7 @@ pub const DEAD_LETTERS: &str = "_fw_dlq";
 /// Collection of the leases (leader election).
 pub const LOCKS: &str = "_fw_locks";
 /// Environment variable with the connection string.
-pub const ENV_URI: &str = "FLOWWARDEN_MONGODB_URI";
+pub const ENV_URI: &str = flowwarden::port::MONGODB_URI_VAR;
 /// Environment variable with the database of the `_fw_` collections and of streams that name
 /// none.
 pub const ENV_DATABASE: &str = "FLOWWARDEN_DATABASE";
@@ -319,19 +320,39 @@ pub async fn builder_from_env() -> Result<flowwarden::Builder, Vec<String>> {
     }
 }
 
-fn provider_from_env() -> BoxFuture<'static, Option<Result<Backend, Vec<String>>>> {
-    Box::pin(async {
-        let result = backend_from_env().await?;
-        if let Err(problems) = &result {
-            warn!(count = problems.len(), "the MongoDB backend cannot start");
-        }
-        Some(result.map(Backend::from))
-    })
+/// The MongoDB backend's driver: configures it from `FLOWWARDEN_MONGODB_URI` and
+/// `FLOWWARDEN_DATABASE` (see [`backend_from_env`]). Install it with [`install_driver`], name
+/// it with `flowwarden::builder().driver(&MongoDriver)`, or rely on its registration, which
+/// needs this crate linked.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MongoDriver;
+
+impl BackendDriver for MongoDriver {
+    fn name(&self) -> &'static str {
+        "mongodb"
+    }
+
+    fn configure(&self) -> ProvidedBackend {
+        Box::pin(async {
+            let result = backend_from_env().await?;
+            if let Err(problems) = &result {
+                warn!(count = problems.len(), "the MongoDB backend cannot start");
+            }
+            Some(result.map(Backend::from))
+        })
+    }
 }
 
-flowwarden::__private::inventory::submit! {
-    flowwarden::__private::BackendProvider { from_env: provider_from_env }
+static DRIVER: MongoDriver = MongoDriver;
+
+/// Installs [`MongoDriver`] for every runtime of this process, so `flowwarden::run()` uses
+/// MongoDB whenever `FLOWWARDEN_MONGODB_URI` is set, whether or not the linker kept this
+/// crate's registration.
+pub fn install_driver() {
+    flowwarden::port::install_driver(&DRIVER);
 }
+
+flowwarden::register_backend_driver!(DRIVER);
 
 #[cfg(test)]
 mod tests {

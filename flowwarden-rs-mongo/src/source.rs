@@ -14,10 +14,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bson::{doc, Bson, Document, Timestamp};
-use flowwarden::{
-    ChangeCursor, ChangeSource, FullDocument, FullDocumentBeforeChange, ResumeToken, SourceError,
-    SourceErrorKind, SourceItem, StartAt, WatchSpec,
+use flowwarden::port::{
+    ChangeCursor, ChangeSource, SourceError, SourceErrorKind, SourceItem, StartAt, WatchSpec,
 };
+use flowwarden::{FullDocument, FullDocumentBeforeChange, ResumeToken};
 use mongodb::change_stream::ChangeStream;
 use mongodb::options::{FullDocumentBeforeChangeType, FullDocumentType};
 use tracing::{debug, warn};

@@ -3,10 +3,13 @@
 
 use async_trait::async_trait;
 use bson::{doc, Document};
-use flowwarden::dead_letter::{encoded_len, PutOutcome};
-use flowwarden::{
-    is_claim_only, Checkpoint, CheckpointStore, DeadLetterQuery, DeadLetterRecord,
-    DeadLetterStatus, DeadLetterStore, Fence, StoreError, StoreErrorKind, CLAIMED_AT,
+use flowwarden::port::codec::{
+    decode_checkpoint, decode_dead_letter, encode_checkpoint, encode_dead_letter, encoded_len,
+    is_claim_only, CLAIMED_AT,
+};
+use flowwarden::port::{
+    Checkpoint, CheckpointStore, DeadLetterQuery, DeadLetterRecord, DeadLetterStatus,
+    DeadLetterStore, Fence, PutOutcome, StoreError, StoreErrorKind,
 };
 use futures::TryStreamExt;
 use mongodb::error::{Error, ErrorKind, WriteFailure};
@@ -20,7 +23,7 @@ use crate::{MongoBackend, CHECKPOINTS, DEAD_LETTERS};
 pub const DLQ_INDEX: &str = "stream_1_status_1_firstFailedAt_1";
 
 /// The largest dead-letter record stored: 16 MiB minus headroom for the command around it.
-pub const MAX_RECORD_BYTES: usize = 16 * 1024 * 1024 - 64 * 1024;
+pub const MAX_RECORD_BYTES: usize = flowwarden::port::codec::MAX_BSON_RECORD_BYTES;
 
 pub(crate) const DUPLICATE_KEY: i32 = 11000;
 
@@ -100,7 +103,7 @@ impl CheckpointStore for MongoBackend {
         match found {
             None => Ok(None),
             Some(d) if is_claim_only(&d) => Ok(None),
-            Some(d) => Checkpoint::from_document(&d)
+            Some(d) => decode_checkpoint(&d)
                 .map(Some)
                 .map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e.to_string())),
         }
@@ -115,7 +118,7 @@ impl CheckpointStore for MongoBackend {
             self.check_fence(stream, checkpoint.owner.as_deref(), epoch)
                 .await?;
         }
-        let replacement = checkpoint.to_document();
+        let replacement = encode_checkpoint(checkpoint);
         let filter = match checkpoint.epoch {
             None => doc! { "_id": stream },
             Some(epoch) => doc! {
@@ -189,7 +192,7 @@ impl CheckpointStore for MongoBackend {
 #[async_trait]
 impl DeadLetterStore for MongoBackend {
     async fn put(&self, record: &DeadLetterRecord) -> Result<PutOutcome, StoreError> {
-        let doc = record.to_document();
+        let doc = encode_dead_letter(record);
         let size = encoded_len(&doc);
         if size > MAX_RECORD_BYTES {
             return Err(StoreError::new(
@@ -297,7 +300,7 @@ impl DeadLetterStore for MongoBackend {
             .try_collect()
             .await
             .map_err(|e| store_error("listing dead letters", &e))?;
-        docs.iter().map(DeadLetterRecord::from_document).collect()
+        docs.iter().map(decode_dead_letter).collect()
     }
 
     async fn get(&self, id: &str) -> Result<Option<DeadLetterRecord>, StoreError> {
@@ -306,7 +309,7 @@ impl DeadLetterStore for MongoBackend {
             .await
             .map_err(|e| store_error(&format!("reading dead-letter record '{id}'"), &e))?
             .as_ref()
-            .map(DeadLetterRecord::from_document)
+            .map(decode_dead_letter)
             .transpose()
     }
 

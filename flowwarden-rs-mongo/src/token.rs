@@ -1,7 +1,8 @@
 //! Conversions between the runtime's resume token (a BSON document) and the driver's.
 
 use bson::{Bson, Document};
-use flowwarden::{ResumeToken, SourceError, SourceErrorKind};
+use flowwarden::port::{SourceError, SourceErrorKind};
+use flowwarden::ResumeToken;
 use mongodb::change_stream::event::ResumeToken as DriverToken;
 
 /// The driver's token for a stored one.

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use bson::{doc, Bson, DateTime, Document};
 use common::*;
-use flowwarden::dead_letter::PutOutcome;
-use flowwarden::{
+use flowwarden::port::PutOutcome;
+use flowwarden::port::{
     ChangeSource, Checkpoint, CheckpointStore, DeadLetterQuery, DeadLetterStatus, DeadLetterStore,
-    LeaseStore, ResumeToken, SourceErrorKind, SourceItem, StartAt, StoreErrorKind, StoredPosition,
+    LeaseStore, SourceErrorKind, SourceItem, StartAt, StoreErrorKind, StoredPosition,
 };
+use flowwarden::ResumeToken;
 use flowwarden_rs_mongo::{MongoBackend, DLQ_INDEX, SPLIT_STAGE};
 use futures::TryStreamExt;
 use mongo_emulator::CommandError;

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use bson::{doc, DateTime, Document};
 use common::*;
-use flowwarden::dead_letter::PutOutcome;
-use flowwarden::{
-    Checkpoint, CheckpointStore, DeadLetterRecord, DeadLetterStore, Fence, LeaseStore, ResumeToken,
+use flowwarden::port::PutOutcome;
+use flowwarden::port::{
+    Checkpoint, CheckpointStore, DeadLetterRecord, DeadLetterStore, Fence, LeaseStore,
     StoreErrorKind, StoredPosition,
 };
+use flowwarden::ResumeToken;
 
 const LEASE: Duration = Duration::from_secs(30);
 

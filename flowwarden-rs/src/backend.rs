@@ -1,13 +1,9 @@
-//! A backend: the change source and the stores one runtime uses.
+//! A backend: the change source and the stores one runtime uses (their traits are in
+//! [`crate::port`]).
 
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
-
-use crate::checkpoint::CheckpointStore;
-use crate::dead_letter::DeadLetterStore;
-use crate::lease::LeaseStore;
-use crate::source::ChangeSource;
+use crate::port::{ChangeSource, CheckpointStore, DeadLetterStore, LeaseStore};
 
 /// The source and stores of one runtime.
 #[derive(Clone)]
@@ -33,18 +29,3 @@ impl std::fmt::Debug for Backend {
             .finish()
     }
 }
-
-/// What a [`BackendProvider`] returns: `None` when the environment does not ask for it,
-/// else the backend or every problem found while connecting and validating.
-pub type ProvidedBackend = BoxFuture<'static, Option<Result<Backend, Vec<String>>>>;
-
-/// A backend that configures itself from the environment (the MongoDB crate registers one),
-/// so `flowwarden::run()` can pick it without the runtime depending on it.
-#[doc(hidden)]
-pub struct BackendProvider {
-    /// `None` when the environment does not ask for this backend; otherwise the backend or
-    /// every problem found while connecting and validating.
-    pub from_env: fn() -> ProvidedBackend,
-}
-
-inventory::collect!(BackendProvider);

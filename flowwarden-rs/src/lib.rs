@@ -42,58 +42,54 @@
 //! }
 //! ```
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
+#![warn(unreachable_pub)]
 
 #[allow(unused_extern_crates)]
 extern crate self as flowwarden;
 
-pub mod backend;
-pub mod checkpoint;
-pub mod context;
-pub mod dead_letter;
-pub mod definition;
-pub(crate) mod engine;
-pub mod event;
-pub mod handler;
-pub mod handler_error;
-pub mod lease;
+mod backend;
+mod context;
+mod definition;
+mod engine;
+mod event;
+mod handler;
+mod handler_error;
 #[cfg(feature = "matcher")]
 pub mod matcher;
 #[cfg(feature = "memory")]
-pub mod memory;
-pub(crate) mod registry;
-pub mod runtime;
-pub mod source;
-pub mod status;
-pub mod store_error;
+mod memory;
+pub mod port;
+mod registry;
+mod runtime;
+mod status;
 
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
 
 pub use backend::Backend;
-pub use checkpoint::{is_claim_only, Checkpoint, CheckpointStore, StoredPosition, CLAIMED_AT};
 pub use context::{ChangeContext, DecodeError, EventId};
-pub use dead_letter::{DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadLetterStore};
 pub use definition::{
     CheckpointConfig, Deployment, FullDocument, FullDocumentBeforeChange, LeaseConfig,
-    OnHistoryLost, RestartConfig, ResumeStrategy, RetryConfig, StartPosition, StreamDefinition,
+    OnHistoryLost, RestartConfig, ResumeStrategy, RetryConfig, SourceLocation, StartPosition,
+    StreamDefinition,
 };
 pub use engine::AnyStream;
-pub use event::{ChangeEvent, Namespace, OperationType, ResumeToken, UpdateDescription};
+pub use event::{
+    ChangeEvent, EventParseError, Namespace, OperationType, ResumeToken, SplitEvent,
+    UpdateDescription,
+};
 pub use handler::{CollectionName, HandlerFuture, StreamHandler};
 pub use handler_error::{ErrorAction, HandlerError, HandlerErrorKind, IntoHandlerResult};
-pub use lease::{Fence, InstanceId, Lease, LeaseStore};
+#[cfg(all(feature = "memory", feature = "test-util"))]
+pub use memory::Faults;
 #[cfg(feature = "memory")]
-pub use memory::MemoryBackend;
+pub use memory::{MemoryBackend, MemoryCollection, MemoryError, UpdateOutcome};
 pub use runtime::{
-    builder, run, Builder, ControlError, DeadLetterError, DeadLetters, RunError, Runtime,
-    RuntimeHandle, StartupError,
-};
-pub use source::{
-    ChangeCursor, ChangeSource, SourceError, SourceErrorKind, SourceItem, StartAt, WatchSpec,
+    builder, run, Builder, ControlError, DeadLetterError, DeadLetters, InstanceId, RunError,
+    Runtime, RuntimeHandle, StartupError,
 };
 pub use status::{Halt, HaltReason, StreamCounters, StreamState, StreamStatus};
-pub use store_error::{StoreError, StoreErrorKind};
 
 #[doc(inline)]
 pub use flowwarden_rs_macros::{

@@ -45,18 +45,18 @@ where
 }
 
 /// Type-level probe that builds a handler with `Default` when it has one (autoref
-/// specialisation: `(&Probe::<H>::new()).build()` picks [`ViaDefault`] when `H: Default`,
+/// specialisation: `(&DefaultProbe::<H>::new()).build()` picks [`ViaDefault`] when `H: Default`,
 /// else [`ViaNothing`]).
-pub struct Probe<H>(PhantomData<H>);
+pub struct DefaultProbe<H>(PhantomData<H>);
 
-impl<H> Probe<H> {
+impl<H> DefaultProbe<H> {
     /// A probe for `H`.
     pub const fn new() -> Self {
         Self(PhantomData)
     }
 }
 
-impl<H> Default for Probe<H> {
+impl<H> Default for DefaultProbe<H> {
     fn default() -> Self {
         Self::new()
     }
@@ -68,7 +68,7 @@ pub trait ViaDefault {
     fn build(&self) -> Option<AnyStream>;
 }
 
-impl<H: StreamHandler + Default> ViaDefault for Probe<H> {
+impl<H: StreamHandler + Default> ViaDefault for DefaultProbe<H> {
     fn build(&self) -> Option<AnyStream> {
         Some(AnyStream::new(H::default()))
     }
@@ -80,12 +80,11 @@ pub trait ViaNothing {
     fn build(&self) -> Option<AnyStream>;
 }
 
-impl<H: StreamHandler> ViaNothing for &Probe<H> {
+impl<H: StreamHandler> ViaNothing for &DefaultProbe<H> {
     fn build(&self) -> Option<AnyStream> {
         None
     }
 }
-pub use crate::backend::{Backend, BackendProvider};
 
 /// What a `#[pipeline]` may return: the stages that follow `$changeStream`. Generated code
 /// checks the bound on the user's return type, so a wrong type is reported there.

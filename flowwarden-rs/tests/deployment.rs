@@ -375,14 +375,14 @@ impl ReachedLeases {
         }
     }
 
-    async fn hang(&self) -> Result<(), flowwarden::StoreError> {
+    async fn hang(&self) -> Result<(), flowwarden::port::StoreError> {
         let ms = self.hang_ms.load(std::sync::atomic::Ordering::SeqCst);
         if ms == 0 {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(ms)).await;
-        Err(flowwarden::StoreError::new(
-            flowwarden::StoreErrorKind::Unavailable,
+        Err(flowwarden::port::StoreError::new(
+            flowwarden::port::StoreErrorKind::Unavailable,
             "server selection timed out",
         ))
     }
@@ -395,18 +395,18 @@ impl ReachedLeases {
 }
 
 #[async_trait::async_trait]
-impl flowwarden::LeaseStore for ReachedLeases {
+impl flowwarden::port::LeaseStore for ReachedLeases {
     async fn try_acquire(
         &self,
         stream: &str,
         owner: &str,
         ttl: Duration,
-    ) -> Result<Option<flowwarden::Lease>, flowwarden::StoreError> {
+    ) -> Result<Option<flowwarden::port::Lease>, flowwarden::port::StoreError> {
         self.hang().await?;
         if self.granted.load(std::sync::atomic::Ordering::SeqCst) && self.late_first_grant_ms > 0 {
             // After its late grant, this runtime cannot reach the store any more.
-            return Err(flowwarden::StoreError::new(
-                flowwarden::StoreErrorKind::Unavailable,
+            return Err(flowwarden::port::StoreError::new(
+                flowwarden::port::StoreErrorKind::Unavailable,
                 "server selection timed out",
             ));
         }
@@ -421,14 +421,17 @@ impl flowwarden::LeaseStore for ReachedLeases {
 
     async fn renew(
         &self,
-        lease: &flowwarden::Lease,
+        lease: &flowwarden::port::Lease,
         ttl: Duration,
-    ) -> Result<Option<flowwarden::Lease>, flowwarden::StoreError> {
+    ) -> Result<Option<flowwarden::port::Lease>, flowwarden::port::StoreError> {
         self.hang().await?;
         self.inner.renew(lease, ttl).await
     }
 
-    async fn release(&self, lease: &flowwarden::Lease) -> Result<(), flowwarden::StoreError> {
+    async fn release(
+        &self,
+        lease: &flowwarden::port::Lease,
+    ) -> Result<(), flowwarden::port::StoreError> {
         self.hang().await?;
         self.inner.release(lease).await
     }
@@ -436,7 +439,7 @@ impl flowwarden::LeaseStore for ReachedLeases {
     async fn current(
         &self,
         stream: &str,
-    ) -> Result<Option<flowwarden::Lease>, flowwarden::StoreError> {
+    ) -> Result<Option<flowwarden::port::Lease>, flowwarden::port::StoreError> {
         self.inner.current(stream).await
     }
 }
@@ -458,7 +461,7 @@ fn short_lease_def(name: &'static str) -> &'static flowwarden::StreamDefinition 
 /// side by side with the standby that took over (only fencing kept the stores safe).
 #[tokio::test(start_paused = true)]
 async fn a_leader_whose_renewal_hangs_stops_before_its_lease_expires() {
-    use flowwarden::LeaseStore;
+    use flowwarden::port::LeaseStore;
     let backend = MemoryBackend::new();
     let d = short_lease_def("hanging-renewal");
     let reached = ReachedLeases::new(&backend, 0);
@@ -500,7 +503,7 @@ async fn a_leader_whose_renewal_hangs_stops_before_its_lease_expires() {
 /// the store lets a standby take over.
 #[tokio::test(start_paused = true)]
 async fn a_late_grant_counts_from_the_request() {
-    use flowwarden::LeaseStore;
+    use flowwarden::port::LeaseStore;
     let backend = MemoryBackend::new();
     let d = short_lease_def("late-grant");
     backend.faults().freeze_lease_renewals("a");

@@ -380,7 +380,7 @@ async fn a_step_down_during_the_resume_check_is_not_history_lost() {
     insert_ids(&backend, [2]);
     backend.faults().fail_next_opens(
         3,
-        flowwarden::SourceErrorKind::Resumable,
+        flowwarden::port::SourceErrorKind::Resumable,
         "not primary (10107)",
     );
     let probe = Probe::default();
@@ -739,8 +739,14 @@ async fn dead_letters_can_be_replayed_and_discarded() {
     dl.discard(&records[1].id).await.unwrap();
     let after = dl.list(&Default::default()).await.unwrap();
     rt.shutdown().await;
-    assert_eq!(after[0].status, flowwarden::DeadLetterStatus::Replayed);
-    assert_eq!(after[1].status, flowwarden::DeadLetterStatus::Discarded);
+    assert_eq!(
+        after[0].status,
+        flowwarden::port::DeadLetterStatus::Replayed
+    );
+    assert_eq!(
+        after[1].status,
+        flowwarden::port::DeadLetterStatus::Discarded
+    );
     assert_eq!(probe.handled_keys(), ids(&[1]));
 }
 

@@ -10,9 +10,10 @@
 use std::time::{Duration, Instant};
 
 use bson::doc;
+use flowwarden::port::{ChangeSource, SourceItem, StartAt, WatchSpec};
 use flowwarden::{
-    change_stream, checkpoint, AnyStream, ChangeContext, ChangeSource, CheckpointConfig,
-    MemoryBackend, SourceItem, StartAt, StreamHandler, WatchSpec,
+    change_stream, checkpoint, AnyStream, ChangeContext, CheckpointConfig, MemoryBackend,
+    StreamHandler,
 };
 
 #[derive(Default)]
@@ -112,10 +113,10 @@ async fn main() {
     };
     let def: &'static _ = Box::leak(Box::new(def));
     // Start after the bare loop's position 0 (the oplog's first token), as the bare loop does.
-    let start = flowwarden::Checkpoint {
+    let start = flowwarden::port::Checkpoint {
         stream: "bench".into(),
         last_processed: None,
-        last_seen: Some(flowwarden::StoredPosition {
+        last_seen: Some(flowwarden::port::StoredPosition {
             token: flowwarden::ResumeToken::from_document(doc! {"_data": format!("{:016X}", 0)}),
             cluster_time: None,
             wall_time: None,

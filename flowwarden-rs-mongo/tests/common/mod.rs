@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use bson::DateTime;
 use bson::Document;
-use flowwarden::{
-    ChangeCursor, DeadLetterRecord, DeadLetterStatus, ResumeToken, SourceError, SourceItem,
-    WatchSpec,
+use flowwarden::port::{
+    ChangeCursor, DeadLetterRecord, DeadLetterStatus, SourceError, SourceItem, WatchSpec,
 };
+use flowwarden::ResumeToken;
 use flowwarden_rs_mongo::MongoBackend;
 use mongo_emulator::Emulator;
 

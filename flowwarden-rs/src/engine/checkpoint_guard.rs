@@ -17,7 +17,7 @@ use tracing::{error, info, warn};
 use super::leader::{release, run_while_held, wait_or_stop};
 use super::{ErasedStream, StreamEnv, StreamExit};
 use crate::definition::LeaseConfig;
-use crate::lease::LeaseStore;
+use crate::port::LeaseStore;
 use crate::status::{Halt, HaltReason, StreamState};
 
 /// The lease name of a stream's checkpoint guard.

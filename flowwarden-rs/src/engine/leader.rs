@@ -9,7 +9,7 @@ use tracing::{error, info, warn};
 
 use super::{AbortOnDrop, ErasedStream, StreamEnv, StreamExit};
 use crate::definition::LeaseConfig;
-use crate::lease::{Fence, Lease, LeaseStore};
+use crate::port::{Fence, Lease, LeaseStore};
 use crate::status::{HaltReason, StreamState};
 
 /// Runs `stream` whenever this instance holds its lease; stands by otherwise.
@@ -37,7 +37,7 @@ pub(crate) async fn run_single_leader(
                 wait_or_stop(&mut external_stop, cfg.standby_poll()).await;
                 continue;
             }
-            Err(e) if e.kind == crate::StoreErrorKind::Corrupt => {
+            Err(e) if e.kind == crate::port::StoreErrorKind::Corrupt => {
                 error!(stream = name, error = %e, "the stream's lease cannot be read; standing by until it is fixed (docs/runbooks/fenced.md)");
                 wait_or_stop(&mut external_stop, cfg.standby_poll()).await;
                 continue;

@@ -8,6 +8,7 @@ mod reader;
 mod resume;
 mod rng;
 mod stream;
+pub(crate) mod tracker;
 mod worker;
 
 use std::sync::Arc;
@@ -15,11 +16,11 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::checkpoint::CheckpointStore;
-use crate::dead_letter::DeadLetterStore;
 use crate::definition::LeaseConfig;
-use crate::lease::Fence;
-use crate::source::ChangeSource;
+use crate::port::ChangeSource;
+use crate::port::CheckpointStore;
+use crate::port::DeadLetterStore;
+use crate::port::Fence;
 use crate::status::{Halt, StatusCell};
 
 pub(crate) use checkpoint_guard::{guard_name, run_guarded};

@@ -11,16 +11,16 @@ use tracing::{debug, error, warn};
 
 use super::metrics::StreamMetrics;
 use super::{EngineOptions, Rng};
-use crate::checkpoint::Settlement;
 use crate::context::ChangeContext;
-use crate::dead_letter::{DeadLetterRecord, DeadLetterStatus, DeadLetterStore, PutOutcome};
 use crate::definition::StreamDefinition;
+use crate::engine::tracker::Settlement;
 use crate::event::ChangeEvent;
 use crate::handler::{HandlerFuture, StreamHandler};
 use crate::handler_error::{ErrorAction, HandlerError, HandlerErrorKind};
-use crate::lease::Fence;
+use crate::port::Fence;
+use crate::port::{DeadLetterRecord, DeadLetterStatus, DeadLetterStore, PutOutcome};
+use crate::port::{StoreError, StoreErrorKind};
 use crate::status::{Halt, HaltReason, StatusCell};
-use crate::store_error::{StoreError, StoreErrorKind};
 
 /// The result of processing one event.
 #[derive(Debug)]

@@ -4,7 +4,7 @@
 
 use tokio::sync::mpsc;
 
-use crate::source::{ChangeCursor, SourceError, SourceItem};
+use crate::port::{ChangeCursor, SourceError, SourceItem};
 
 /// What the reader hands over: an item, the end of the cursor (`Ok(None)`), or an error.
 pub(crate) type ReadResult = Result<Option<SourceItem>, SourceError>;

@@ -1,8 +1,8 @@
 //! The resume cascade: which positions to try, in which order.
 
-use crate::checkpoint::{Checkpoint, StoredPosition};
 use crate::definition::{ResumeStrategy, StartPosition, StreamDefinition};
-use crate::source::StartAt;
+use crate::port::StartAt;
+use crate::port::{Checkpoint, StoredPosition};
 
 /// Where a candidate position comes from (for metrics and logs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

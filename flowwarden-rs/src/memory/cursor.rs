@@ -11,7 +11,7 @@ use super::{MemoryBackend, DEFAULT_AWAIT};
 use crate::definition::{FullDocument, FullDocumentBeforeChange};
 use crate::event::ResumeToken;
 use crate::matcher::pipeline::EventPipeline;
-use crate::source::{
+use crate::port::{
     ChangeCursor, ChangeSource, SourceError, SourceErrorKind, SourceItem, StartAt, WatchSpec,
 };
 

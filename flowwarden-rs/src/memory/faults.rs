@@ -6,9 +6,9 @@ use std::time::Duration;
 
 #[cfg(feature = "test-util")]
 use super::MemoryBackend;
-use crate::source::SourceError;
+use crate::port::SourceError;
 #[cfg(feature = "test-util")]
-use crate::source::SourceErrorKind;
+use crate::port::SourceErrorKind;
 
 #[derive(Debug, Default)]
 pub(crate) struct FaultState {

@@ -7,8 +7,8 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::{MemoryBackend, State};
-use crate::lease::{check_fence, Lease, LeaseStore};
-use crate::store_error::{StoreError, StoreErrorKind};
+use crate::port::{check_fence, Lease, LeaseStore};
+use crate::port::{StoreError, StoreErrorKind};
 
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseRecord {

@@ -18,7 +18,7 @@ use std::time::Duration;
 use bson::Document;
 use tokio::sync::Notify;
 
-pub use collection::{MemoryCollection, MemoryError};
+pub use collection::{MemoryCollection, MemoryError, UpdateOutcome};
 #[cfg(feature = "test-util")]
 pub use faults::Faults;
 use oplog::Entry;
@@ -77,7 +77,7 @@ impl MemoryBackend {
                     retention: entries.max(1),
                     checkpoints: BTreeMap::new(),
                     dead_letters: BTreeMap::new(),
-                    dead_letter_max_bytes: 16 * 1024 * 1024 - 64 * 1024,
+                    dead_letter_max_bytes: crate::port::codec::MAX_BSON_RECORD_BYTES,
                     leases: BTreeMap::new(),
                     faults: faults::FaultState::default(),
                 }),

@@ -3,12 +3,13 @@
 use async_trait::async_trait;
 
 use super::MemoryBackend;
-use crate::checkpoint::{is_claim_only, Checkpoint, CheckpointStore, CLAIMED_AT};
-use crate::dead_letter::{
-    encoded_len, DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadLetterStore, PutOutcome,
+use crate::port::codec::{encoded_len, is_claim_only, CLAIMED_AT};
+use crate::port::Fence;
+use crate::port::{Checkpoint, CheckpointStore};
+use crate::port::{
+    DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadLetterStore, PutOutcome,
 };
-use crate::lease::Fence;
-use crate::store_error::{StoreError, StoreErrorKind};
+use crate::port::{StoreError, StoreErrorKind};
 
 fn unavailable(what: &str) -> StoreError {
     StoreError::new(
@@ -31,7 +32,7 @@ impl CheckpointStore for MemoryBackend {
         match doc {
             None => Ok(None),
             Some(d) if is_claim_only(&d) => Ok(None),
-            Some(d) => Checkpoint::from_document(&d)
+            Some(d) => crate::port::codec::decode_checkpoint(&d)
                 .map(Some)
                 .map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e.to_string())),
         }
@@ -54,8 +55,10 @@ impl CheckpointStore for MemoryBackend {
             st.check_checkpoint_epoch(&checkpoint.stream, epoch)?;
             st.check_fence(&checkpoint.stream, checkpoint.owner.as_deref(), Some(epoch))?;
         }
-        st.checkpoints
-            .insert(checkpoint.stream.clone(), checkpoint.to_document());
+        st.checkpoints.insert(
+            checkpoint.stream.clone(),
+            crate::port::codec::encode_checkpoint(checkpoint),
+        );
         Ok(())
     }
 
@@ -84,7 +87,7 @@ impl DeadLetterStore for MemoryBackend {
             return Err(unavailable("dead-letter write failed"));
         }
         st.check_fence(&record.stream, record.owner.as_deref(), record.epoch)?;
-        let doc = record.to_document();
+        let doc = crate::port::codec::encode_dead_letter(record);
         if encoded_len(&doc) > st.dead_letter_max_bytes {
             return Err(StoreError::new(
                 StoreErrorKind::TooLarge,
@@ -95,12 +98,12 @@ impl DeadLetterStore for MemoryBackend {
             ));
         }
         if let Some(existing) = st.dead_letters.get_mut(&record.id) {
-            let mut merged = DeadLetterRecord::from_document(existing)?;
+            let mut merged = crate::port::codec::decode_dead_letter(existing)?;
             merged.attempts = merged.attempts.saturating_add(record.attempts);
             merged.last_failed_at = record.last_failed_at;
             merged.error_chain = record.error_chain.clone();
             merged.status = DeadLetterStatus::Pending;
-            *existing = merged.to_document();
+            *existing = crate::port::codec::encode_dead_letter(&merged);
             return Ok(PutOutcome::AlreadyPresent);
         }
         st.dead_letters.insert(record.id.clone(), doc);
@@ -111,7 +114,7 @@ impl DeadLetterStore for MemoryBackend {
         let st = self.lock();
         let mut out = Vec::new();
         for d in st.dead_letters.values() {
-            let r = DeadLetterRecord::from_document(d)?;
+            let r = crate::port::codec::decode_dead_letter(d)?;
             if query.stream.as_ref().is_some_and(|s| *s != r.stream) {
                 continue;
             }
@@ -131,7 +134,7 @@ impl DeadLetterStore for MemoryBackend {
         let st = self.lock();
         st.dead_letters
             .get(id)
-            .map(DeadLetterRecord::from_document)
+            .map(crate::port::codec::decode_dead_letter)
             .transpose()
     }
 

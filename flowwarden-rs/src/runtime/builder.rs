@@ -12,7 +12,8 @@ use crate::backend::Backend;
 use crate::definition::LeaseConfig;
 use crate::engine::{AnyStream, EngineOptions};
 use crate::handler::StreamHandler;
-use crate::lease::InstanceId;
+use crate::port::BackendDriver;
+use crate::runtime::InstanceId;
 
 /// Configures and starts a [`Runtime`].
 pub struct Builder {
@@ -23,6 +24,8 @@ pub struct Builder {
     pub(super) without_dead_letters: bool,
     pub(super) instance: Option<InstanceId>,
     pub(super) options: EngineOptions,
+    /// Drivers consulted first when no backend is given (see [`Builder::driver`]).
+    pub(super) drivers: Vec<&'static dyn BackendDriver>,
 }
 
 impl Default for Builder {
@@ -41,6 +44,7 @@ impl Builder {
             backend: None,
             without_dead_letters: false,
             instance: None,
+            drivers: Vec::new(),
             options: EngineOptions {
                 shutdown_timeout: Duration::from_secs(30),
                 batch_size: 256,
@@ -87,6 +91,13 @@ impl Builder {
     /// Uses this backend (source and stores).
     pub fn backend(mut self, backend: impl Into<Backend>) -> Self {
         self.backend = Some(backend.into());
+        self
+    }
+
+    /// Consults `driver` first when no backend is given: the backend is the one it configures
+    /// from the environment, if it answers (see [`crate::port::BackendDriver`]).
+    pub fn driver(mut self, driver: &'static dyn BackendDriver) -> Self {
+        self.drivers.push(driver);
         self
     }
 

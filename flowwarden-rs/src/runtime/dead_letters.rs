@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tracing::info;
 
 use super::{DeadLetterError, RuntimeHandle};
-use crate::dead_letter::{DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadLetterStore};
+use crate::port::{DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadLetterStore};
 
 /// Listing, replaying and discarding dead letters.
 pub struct DeadLetters {

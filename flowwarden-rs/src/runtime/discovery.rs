@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use tracing::{info, warn};
 
 use super::{Builder, StartupError};
-use crate::backend::{Backend, BackendProvider};
+use crate::backend::Backend;
 use crate::definition::{Deployment, LeaseConfig, OnHistoryLost, StreamDefinition};
 use crate::engine::{guard_name, AnyStream};
-use crate::lease::InstanceId;
+use crate::port;
 use crate::registry;
+use crate::runtime::InstanceId;
 
 impl Builder {
     /// Gathers the streams and checks everything that can be checked before starting.
@@ -77,14 +78,19 @@ impl Builder {
         if let Some(b) = self.backend.take() {
             return Ok(b);
         }
-        let uri_set = std::env::var_os("FLOWWARDEN_MONGODB_URI").is_some();
-        if let Some(provider) = inventory::iter::<BackendProvider>.into_iter().next() {
-            if let Some(result) = (provider.from_env)().await {
+        let drivers = port::drivers(&self.drivers);
+        for driver in &drivers {
+            if let Some(result) = driver.configure().await {
+                info!(
+                    driver = driver.name(),
+                    "backend configured from the environment"
+                );
                 return result.map_err(|problems| StartupError { problems });
             }
-        } else if uri_set {
+        }
+        if std::env::var_os(port::MONGODB_URI_VAR).is_some() && drivers.is_empty() {
             return Err(StartupError {
-                problems: vec!["FLOWWARDEN_MONGODB_URI is set but the MongoDB backend is not linked: add the `flowwarden-rs-mongo` crate and reference it (or unset the variable to use the in-memory backend)".into()],
+                problems: vec![format!("{} is set but no backend driver is installed: add the `flowwarden-rs-mongo` crate and call `flowwarden_rs_mongo::install_driver()` (or unset the variable to use the in-memory backend)", port::MONGODB_URI_VAR)],
             });
         }
         #[cfg(feature = "memory")]

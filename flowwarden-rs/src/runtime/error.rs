@@ -1,8 +1,8 @@
 //! What starting, running and controlling a runtime can fail with.
 
 use crate::handler_error::HandlerError;
+use crate::port::StoreError;
 use crate::status::Halt;
-use crate::store_error::StoreError;
 
 /// Startup validation failed: every problem found, not just the first.
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
@@ -12,7 +12,7 @@ pub struct StartupError {
     pub problems: Vec<String>,
 }
 
-/// Why [`Runtime::wait`] (or [`run()`]) returned an error.
+/// Why [`crate::Runtime::wait`] (or [`crate::run()`]) returned an error.
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum RunError {
     /// Validation failed before anything started.

@@ -11,6 +11,7 @@ mod dead_letters;
 mod discovery;
 mod error;
 mod handle;
+mod instance;
 mod signal;
 mod supervisor;
 
@@ -18,6 +19,7 @@ pub use builder::Builder;
 pub use dead_letters::DeadLetters;
 pub use error::{ControlError, DeadLetterError, RunError, StartupError};
 pub use handle::{Runtime, RuntimeHandle};
+pub use instance::InstanceId;
 
 /// Builds a runtime: which streams, on which backend, with which settings.
 pub fn builder() -> Builder {

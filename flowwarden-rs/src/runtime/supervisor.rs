@@ -17,7 +17,7 @@ use crate::definition::Deployment;
 use crate::engine::{
     run_guarded, run_single_leader, AnyStream, EngineOptions, StreamEnv, StreamExit,
 };
-use crate::lease::InstanceId;
+use crate::runtime::InstanceId;
 use crate::status::{Halt, StatusCell, StreamState};
 
 /// One stream of the runtime: its instance, status, stop switch and running task.

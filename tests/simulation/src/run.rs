@@ -6,10 +6,10 @@ use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use bson::{doc, Bson};
+use flowwarden::port::LeaseStore;
 use flowwarden::{
-    AnyStream, Backend, Deployment, HaltReason, LeaseConfig, LeaseStore, MemoryBackend,
-    OnHistoryLost, RestartConfig, RetryConfig, Runtime, StreamDefinition, StreamState,
-    StreamStatus,
+    AnyStream, Backend, Deployment, HaltReason, LeaseConfig, MemoryBackend, OnHistoryLost,
+    RestartConfig, RetryConfig, Runtime, StreamDefinition, StreamState, StreamStatus,
 };
 
 use crate::rng::mix;
@@ -517,7 +517,7 @@ impl Sim<'_> {
             Step::DeadLetterPutFailures(n) => f.fail_next_dead_letter_puts(*n),
             Step::OpenFailures(n) => f.fail_next_opens(
                 *n,
-                flowwarden::SourceErrorKind::Resumable,
+                flowwarden::port::SourceErrorKind::Resumable,
                 "injected open failure",
             ),
             Step::Crash => self.crash(0).await,

@@ -19,12 +19,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bson::{Bson, Document};
-use flowwarden::dead_letter::PutOutcome;
+use flowwarden::port::PutOutcome;
+use flowwarden::port::{
+    ChangeCursor, ChangeSource, Checkpoint, CheckpointStore, DeadLetterQuery, DeadLetterRecord,
+    DeadLetterStatus, DeadLetterStore, Lease, LeaseStore, SourceError, SourceItem, StartAt,
+    StoreError, StoreErrorKind, WatchSpec,
+};
 use flowwarden::{
-    ChangeContext, ChangeCursor, ChangeSource, Checkpoint, CheckpointStore, DeadLetterQuery,
-    DeadLetterRecord, DeadLetterStatus, DeadLetterStore, ErrorAction, HandlerError, HandlerFuture,
-    Lease, LeaseStore, MemoryBackend, ResumeToken, RuntimeHandle, SourceError, SourceItem, StartAt,
-    StoreError, StoreErrorKind, StreamDefinition, StreamHandler, WatchSpec,
+    ChangeContext, ErrorAction, HandlerError, HandlerFuture, MemoryBackend, ResumeToken,
+    RuntimeHandle, StreamDefinition, StreamHandler,
 };
 use serde::Deserialize;
 use tokio::time::Instant;
@@ -781,7 +784,12 @@ impl WorldState {
 
     /// Invariants 6 and 8, when the store accepted a checkpoint claim of `inc` (a new
     /// leader fences the checkpoint before it loads it).
-    fn on_claim_accepted(&mut self, inc: u32, fence: &flowwarden::Fence, current: Option<&Lease>) {
+    fn on_claim_accepted(
+        &mut self,
+        inc: u32,
+        fence: &flowwarden::port::Fence,
+        current: Option<&Lease>,
+    ) {
         let tag = self.tag(inc);
         self.log(format!(
             "{tag}claims the checkpoint (epoch {})",
@@ -895,7 +903,7 @@ pub(crate) static DEFAULT_DEF: StreamDefinition = StreamDefinition {
     retry: flowwarden::RetryConfig::DEFAULT,
     restart: flowwarden::RestartConfig::DEFAULT,
     deployment: flowwarden::Deployment::AllInstances,
-    source: flowwarden::definition::SourceLocation {
+    source: flowwarden::SourceLocation {
         file: file!(),
         line: line!(),
     },
@@ -1225,7 +1233,7 @@ fn pos_seq(s: Option<u64>) -> String {
     s.map(|s| format!("#{s}")).unwrap_or_else(|| "-".into())
 }
 
-fn pos_label(p: &Option<flowwarden::StoredPosition>) -> String {
+fn pos_label(p: &Option<flowwarden::port::StoredPosition>) -> String {
     match p.as_ref().and_then(|p| token_seq(&p.token)) {
         Some(s) => format!("#{s}"),
         None => "-".into(),
@@ -1313,7 +1321,7 @@ impl CheckpointStore for RecCheckpoints {
         r
     }
 
-    async fn claim(&self, key: &str, fence: &flowwarden::Fence) -> Result<(), StoreError> {
+    async fn claim(&self, key: &str, fence: &flowwarden::port::Fence) -> Result<(), StoreError> {
         let r = CheckpointStore::claim(&self.memory, key, fence).await;
         let current = current_lease(&self.memory).await;
         let mut w = self.world.lock();

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::{doc, Document};
-use flowwarden::definition::SourceLocation;
+use flowwarden::SourceLocation;
 use flowwarden::{
     AnyStream, ChangeContext, CheckpointConfig, HandlerFuture, MemoryBackend, RestartConfig,
     RetryConfig, StreamDefinition, StreamHandler, StreamState,
@@ -156,7 +156,7 @@ async fn crash_before_the_first_checkpoint_does_not_skip_changes() {
 /// #1..#3 skipped #2 — the source itself lost an event. A rewind must only repeat events.
 #[tokio::test(start_paused = true)]
 async fn rewinding_a_cursor_repeats_events_and_never_skips_one() {
-    use flowwarden::{ChangeSource, SourceItem, StartAt, WatchSpec};
+    use flowwarden::port::{ChangeSource, SourceItem, StartAt, WatchSpec};
     let memory = MemoryBackend::new();
     let spec = WatchSpec {
         stream: "bug",
@@ -177,7 +177,7 @@ async fn rewinding_a_cursor_repeats_events_and_never_skips_one() {
     }
     let mut keys = Vec::new();
     // At most 20 reads per event (idle ticks in between), so a skipped event fails, not hangs.
-    let next_key = async |cursor: &mut Box<dyn flowwarden::ChangeCursor>| {
+    let next_key = async |cursor: &mut Box<dyn flowwarden::port::ChangeCursor>| {
         for _ in 0..20 {
             if let Some(SourceItem::Event(ev)) = cursor.next().await.unwrap() {
                 return ev

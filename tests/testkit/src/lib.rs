@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bson::{Bson, Document};
-use flowwarden::definition::SourceLocation;
+use flowwarden::SourceLocation;
 use flowwarden::{
     ChangeContext, CheckpointConfig, ErrorAction, HandlerError, HandlerFuture, RestartConfig,
     RetryConfig, Runtime, StreamDefinition, StreamHandler, StreamStatus,

@@ -5,7 +5,7 @@ use tracing::warn;
 use super::Worker;
 use crate::engine::StreamExit;
 use crate::handler::StreamHandler;
-use crate::source::SourceError;
+use crate::port::SourceError;
 use crate::status::{Halt, HaltReason, StreamState};
 
 impl<H: StreamHandler> Worker<H> {

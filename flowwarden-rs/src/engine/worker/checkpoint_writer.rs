@@ -6,10 +6,11 @@ use std::sync::Arc;
 use bson::DateTime;
 use tracing::warn;
 
-use crate::checkpoint::{CheckpointStore, Tracker};
-use crate::lease::Fence;
+use crate::engine::tracker::Tracker;
+use crate::port::CheckpointStore;
+use crate::port::Fence;
+use crate::port::StoreErrorKind;
 use crate::status::{Halt, HaltReason, StatusCell};
-use crate::store_error::StoreErrorKind;
 
 /// The tracker and the store its checkpoints go to.
 pub(super) struct Progress {

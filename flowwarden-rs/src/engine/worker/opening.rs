@@ -4,14 +4,14 @@
 use tracing::{debug, error, warn};
 
 use super::Worker;
-use crate::checkpoint::Checkpoint;
 use crate::definition::OnHistoryLost;
 use crate::engine::resume::{CandidateKind, ResumePlan};
 use crate::engine::StreamExit;
 use crate::handler::StreamHandler;
-use crate::source::{ChangeCursor, SourceError, SourceErrorKind, StartAt, WatchSpec};
+use crate::port::Checkpoint;
+use crate::port::StoreErrorKind;
+use crate::port::{ChangeCursor, SourceError, SourceErrorKind, StartAt, WatchSpec};
 use crate::status::{Halt, HaltReason, StreamState};
-use crate::store_error::StoreErrorKind;
 
 /// What `on_history_lost` gave up: from the last checkpoint to where the stream restarts.
 pub(super) struct AcceptedGap {

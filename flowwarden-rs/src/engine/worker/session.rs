@@ -12,14 +12,15 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::backoff::stopped;
 use super::{SessionEnd, Worker};
-use crate::checkpoint::{Settlement, StoredPosition};
 use crate::definition::StreamDefinition;
 use crate::engine::process::{process_event, EventOutcome, ProcessCx};
 use crate::engine::reader::{read_loop, ReadResult};
+use crate::engine::tracker::Settlement;
 use crate::engine::AbortOnDrop;
 use crate::event::{ChangeEvent, OperationType, ResumeToken};
 use crate::handler::StreamHandler;
-use crate::source::{ChangeCursor, SourceError, SourceErrorKind, SourceItem};
+use crate::port::StoredPosition;
+use crate::port::{ChangeCursor, SourceError, SourceErrorKind, SourceItem};
 use crate::status::{Halt, HaltReason};
 
 impl<H: StreamHandler> Worker<H> {

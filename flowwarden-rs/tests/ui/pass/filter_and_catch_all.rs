@@ -1,7 +1,5 @@
 //! A filter, a catch-all, an optional document, `full_document` and every companion.
-use flowwarden::{
-    change_stream, checkpoint, restart, retry, ChangeContext, CollectionName, HandlerError,
-};
+use flowwarden::{change_stream, checkpoint, restart, retry, ChangeContext, CollectionName, HandlerError};
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]

@@ -8,7 +8,7 @@
 use std::cmp::Ordering;
 use std::collections::VecDeque;
 
-use super::{Checkpoint, StoredPosition};
+use crate::port::{Checkpoint, StoredPosition};
 
 /// How a position was settled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,10 +2,11 @@
 //! understand and replay them.
 
 use async_trait::async_trait;
-use bson::{doc, Bson, DateTime, Document};
+use bson::{doc, DateTime, Document};
 
+use super::codec::{encode_dead_letter, encoded_len};
+use super::store_error::StoreError;
 use crate::event::ResumeToken;
-use crate::store_error::{StoreError, StoreErrorKind};
 
 /// The life of a dead-letter record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -81,84 +82,10 @@ impl DeadLetterRecord {
         format!("{stream}:{token}")
     }
 
-    /// The stored document.
-    pub fn to_document(&self) -> Document {
-        let mut d = doc! {
-            "_id": &self.id,
-            "stream": &self.stream,
-            "event": self.event.clone(),
-            "truncated": self.truncated,
-            "token": self.token.as_document().clone(),
-            "operationType": &self.operation_type,
-            "documentKey": self.document_key.clone().map(Bson::Document).unwrap_or(Bson::Null),
-            "errorChain": self.error_chain.clone(),
-            "errorKind": &self.error_kind,
-            "attempts": i64::from(self.attempts),
-            "firstFailedAt": self.first_failed_at,
-            "lastFailedAt": self.last_failed_at,
-            "status": self.status.as_str(),
-        };
-        if let Some(owner) = &self.owner {
-            d.insert("owner", owner);
-        }
-        if let Some(epoch) = self.epoch {
-            d.insert("epoch", epoch);
-        }
-        d
-    }
-
-    /// Parses a stored document.
-    pub fn from_document(d: &Document) -> Result<Self, StoreError> {
-        let id = d
-            .get_str("_id")
-            .map_err(|_| corrupt("?", "_id"))?
-            .to_owned();
-        let field = |name: &str| corrupt(&id, name);
-        Ok(Self {
-            stream: d.get_str("stream").map_err(|_| field("stream"))?.to_owned(),
-            event: d.get_document("event").map_err(|_| field("event"))?.clone(),
-            truncated: d.get_bool("truncated").unwrap_or(false),
-            token: ResumeToken::from_document(
-                d.get_document("token").map_err(|_| field("token"))?.clone(),
-            ),
-            operation_type: d
-                .get_str("operationType")
-                .map_err(|_| field("operationType"))?
-                .to_owned(),
-            document_key: d.get_document("documentKey").ok().cloned(),
-            error_chain: d
-                .get_array("errorChain")
-                .map_err(|_| field("errorChain"))?
-                .iter()
-                .map(|b| b.as_str().unwrap_or_default().to_owned())
-                .collect(),
-            error_kind: d.get_str("errorKind").unwrap_or("Failed").to_owned(),
-            attempts: match d.get("attempts") {
-                Some(Bson::Int64(n)) => u32::try_from(*n).unwrap_or(u32::MAX),
-                Some(Bson::Int32(n)) => u32::try_from(*n).unwrap_or(0),
-                _ => return Err(field("attempts")),
-            },
-            first_failed_at: *d
-                .get_datetime("firstFailedAt")
-                .map_err(|_| field("firstFailedAt"))?,
-            last_failed_at: *d
-                .get_datetime("lastFailedAt")
-                .map_err(|_| field("lastFailedAt"))?,
-            status: d
-                .get_str("status")
-                .ok()
-                .and_then(DeadLetterStatus::parse)
-                .ok_or_else(|| field("status"))?,
-            owner: d.get_str("owner").ok().map(str::to_owned),
-            epoch: d.get_i64("epoch").ok(),
-            id,
-        })
-    }
-
     /// Shrinks the record under `max_bytes` by replacing the event's body with a marker that
     /// keeps its identity (token, operation, namespace, key) and its original size.
     pub fn truncate_to(&mut self, max_bytes: usize) {
-        let size = encoded_len(&self.to_document());
+        let size = encoded_len(&encode_dead_letter(self));
         if size <= max_bytes {
             return;
         }
@@ -191,22 +118,6 @@ impl DeadLetterRecord {
                 line.push_str("…[truncated]");
             }
         }
-    }
-}
-
-fn corrupt(id: &str, field: &str) -> StoreError {
-    StoreError::new(
-        StoreErrorKind::Corrupt,
-        format!("dead-letter record '{id}': field `{field}` is missing or malformed"),
-    )
-}
-
-/// The encoded size of a document in bytes.
-pub fn encoded_len(d: &Document) -> usize {
-    let mut buf = Vec::new();
-    match d.to_writer(&mut buf) {
-        Ok(()) => buf.len(),
-        Err(_) => usize::MAX,
     }
 }
 
@@ -245,15 +156,16 @@ pub trait DeadLetterStore: Send + Sync + 'static {
     /// Sets a record's status; `false` when there is no such record.
     async fn set_status(&self, id: &str, status: DeadLetterStatus) -> Result<bool, StoreError>;
 
-    /// The largest record this store accepts, in encoded bytes.
-    fn max_record_bytes(&self) -> usize {
-        16 * 1024 * 1024 - 64 * 1024
-    }
+    /// The largest record this store accepts, in encoded bytes: the engine truncates a record
+    /// above it (see [`DeadLetterRecord::truncate_to`]). A store of BSON documents answers
+    /// [`crate::port::codec::MAX_BSON_RECORD_BYTES`].
+    fn max_record_bytes(&self) -> usize;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::port::codec::decode_dead_letter;
 
     fn record(event: Document) -> DeadLetterRecord {
         let token = ResumeToken::from_document(doc! {"_data": "AA"});
@@ -279,7 +191,7 @@ mod tests {
     #[test]
     fn round_trips() {
         let r = record(doc! {"_id": {"_data": "AA"}, "operationType": "insert"});
-        assert_eq!(DeadLetterRecord::from_document(&r.to_document()), Ok(r));
+        assert_eq!(decode_dead_letter(&encode_dead_letter(&r)), Ok(r));
     }
 
     #[test]
@@ -295,7 +207,7 @@ mod tests {
             r.event.get_document("documentKey").ok(),
             Some(&doc! {"_id": 1})
         );
-        assert!(encoded_len(&r.to_document()) <= 2_000);
+        assert!(encoded_len(&encode_dead_letter(&r)) <= 2_000);
     }
 
     #[test]

@@ -1,0 +1,300 @@
+//! The BSON codecs of the stored models: how a checkpoint and a dead-letter record are written
+//! as documents and parsed back strictly. MongoDB stores these documents; the in-memory backend
+//! keeps the same ones, so both parse what they stored the same way. A backend that stores
+//! something else (a Redis hash, a SQL row) may use them or not: the port's traits take and
+//! return the models, never documents.
+
+use bson::{doc, Bson, Document};
+
+use super::checkpoint::{Checkpoint, CheckpointParseError, StoredPosition};
+use super::dead_letter::{DeadLetterRecord, DeadLetterStatus};
+use super::store_error::{StoreError, StoreErrorKind};
+use crate::event::ResumeToken;
+
+/// The largest encoded record a store of BSON documents accepts: MongoDB's 16 MiB document
+/// limit less 64 KiB of headroom for the write command around it.
+pub const MAX_BSON_RECORD_BYTES: usize = 16 * 1024 * 1024 - 64 * 1024;
+
+const FORMAT_VERSION: i32 = 1;
+
+/// Field a leader's claim sets on the checkpoint document (see
+/// [`crate::port::CheckpointStore::claim`]).
+pub const CLAIMED_AT: &str = "claimedAt";
+
+/// Whether a stored checkpoint document records only a leader's claim (`_id`, `owner`,
+/// `epoch`, `claimedAt`) and no position yet: such a document loads as no checkpoint.
+pub fn is_claim_only(doc: &Document) -> bool {
+    doc.contains_key(CLAIMED_AT)
+        && doc
+            .keys()
+            .all(|k| matches!(k.as_str(), "_id" | "owner" | "epoch" | CLAIMED_AT))
+}
+
+/// The document stored for a checkpoint (`_fw_checkpoints` on MongoDB; the in-memory
+/// backend keeps the same document).
+pub fn encode_checkpoint(checkpoint: &Checkpoint) -> Document {
+    let mut d = doc! { "_id": &checkpoint.stream, "v": FORMAT_VERSION };
+    put_position(&mut d, "lastProcessed", checkpoint.last_processed.as_ref());
+    put_position(&mut d, "lastSeen", checkpoint.last_seen.as_ref());
+    if let Some(owner) = &checkpoint.owner {
+        d.insert("owner", owner);
+    }
+    if let Some(epoch) = checkpoint.epoch {
+        d.insert("epoch", epoch);
+    }
+    d.insert("updatedAt", checkpoint.updated_at);
+    d
+}
+
+/// Parses a stored checkpoint document strictly: any present field of the wrong shape is an error
+/// naming the field, never a silent reset.
+pub fn decode_checkpoint(doc: &Document) -> Result<Checkpoint, CheckpointParseError> {
+    let stream = match doc.get("_id") {
+        Some(Bson::String(s)) => s.clone(),
+        other => {
+            return Err(CheckpointParseError {
+                stream: other.map(|b| b.to_string()).unwrap_or_default(),
+                field: "_id".into(),
+                problem: "is not the stream name (a string)".into(),
+            })
+        }
+    };
+    let err = |field: &str, problem: &str| CheckpointParseError {
+        stream: stream.clone(),
+        field: field.into(),
+        problem: problem.into(),
+    };
+    match doc.get("v") {
+        None | Some(Bson::Int32(FORMAT_VERSION)) => {}
+        Some(_) => return Err(err("v", "is not a format version this release reads (1)")),
+    }
+    let last_processed = get_position(doc, "lastProcessed", &err)?;
+    let last_seen = get_position(doc, "lastSeen", &err)?;
+    let owner = match doc.get("owner") {
+        None | Some(Bson::Null) => None,
+        Some(Bson::String(s)) => Some(s.clone()),
+        Some(_) => return Err(err("owner", "is not a string")),
+    };
+    let epoch = match doc.get("epoch") {
+        None | Some(Bson::Null) => None,
+        Some(Bson::Int64(e)) => Some(*e),
+        Some(Bson::Int32(e)) => Some(i64::from(*e)),
+        Some(_) => return Err(err("epoch", "is not an integer")),
+    };
+    let updated_at = match doc.get("updatedAt") {
+        Some(Bson::DateTime(d)) => *d,
+        None => return Err(err("updatedAt", "is missing")),
+        Some(_) => return Err(err("updatedAt", "is not a date")),
+    };
+    Ok(Checkpoint {
+        stream,
+        last_processed,
+        last_seen,
+        owner,
+        epoch,
+        updated_at,
+    })
+}
+
+fn put_position(d: &mut Document, prefix: &str, pos: Option<&StoredPosition>) {
+    let Some(pos) = pos else { return };
+    d.insert(format!("{prefix}Token"), pos.token.as_document().clone());
+    if let Some(ts) = pos.cluster_time {
+        d.insert(format!("{prefix}ClusterTime"), ts);
+    }
+    if let Some(wt) = pos.wall_time {
+        d.insert(format!("{prefix}WallTime"), wt);
+    }
+    if pos.start_after {
+        d.insert(format!("{prefix}StartAfter"), true);
+    }
+}
+
+fn get_position(
+    d: &Document,
+    prefix: &str,
+    err: &dyn Fn(&str, &str) -> CheckpointParseError,
+) -> Result<Option<StoredPosition>, CheckpointParseError> {
+    let token_field = format!("{prefix}Token");
+    let token = match d.get(&token_field) {
+        None | Some(Bson::Null) => return Ok(None),
+        Some(Bson::Document(t)) if !t.is_empty() => ResumeToken::from_document(t.clone()),
+        Some(Bson::Document(_)) => return Err(err(&token_field, "is an empty document")),
+        Some(_) => return Err(err(&token_field, "is not a resume-token document")),
+    };
+    let ct_field = format!("{prefix}ClusterTime");
+    let cluster_time = match d.get(&ct_field) {
+        None | Some(Bson::Null) => None,
+        Some(Bson::Timestamp(ts)) => Some(*ts),
+        Some(_) => return Err(err(&ct_field, "is not a timestamp")),
+    };
+    let wt_field = format!("{prefix}WallTime");
+    let wall_time = match d.get(&wt_field) {
+        None | Some(Bson::Null) => None,
+        Some(Bson::DateTime(t)) => Some(*t),
+        Some(_) => return Err(err(&wt_field, "is not a date")),
+    };
+    let sa_field = format!("{prefix}StartAfter");
+    let start_after = match d.get(&sa_field) {
+        None | Some(Bson::Null) => false,
+        Some(Bson::Boolean(b)) => *b,
+        Some(_) => return Err(err(&sa_field, "is not a boolean")),
+    };
+    Ok(Some(StoredPosition {
+        token,
+        cluster_time,
+        wall_time,
+        start_after,
+    }))
+}
+
+/// The document stored for a dead-letter record (`_fw_dlq` on MongoDB).
+pub fn encode_dead_letter(record: &DeadLetterRecord) -> Document {
+    let mut d = doc! {
+        "_id": &record.id,
+        "stream": &record.stream,
+        "event": record.event.clone(),
+        "truncated": record.truncated,
+        "token": record.token.as_document().clone(),
+        "operationType": &record.operation_type,
+        "documentKey": record.document_key.clone().map(Bson::Document).unwrap_or(Bson::Null),
+        "errorChain": record.error_chain.clone(),
+        "errorKind": &record.error_kind,
+        "attempts": i64::from(record.attempts),
+        "firstFailedAt": record.first_failed_at,
+        "lastFailedAt": record.last_failed_at,
+        "status": record.status.as_str(),
+    };
+    if let Some(owner) = &record.owner {
+        d.insert("owner", owner);
+    }
+    if let Some(epoch) = record.epoch {
+        d.insert("epoch", epoch);
+    }
+    d
+}
+
+/// Parses a stored dead-letter document; a malformed field is a
+/// [`StoreErrorKind::Corrupt`] error naming the record and the field.
+pub fn decode_dead_letter(d: &Document) -> Result<DeadLetterRecord, StoreError> {
+    let id = d
+        .get_str("_id")
+        .map_err(|_| corrupt("?", "_id"))?
+        .to_owned();
+    let field = |name: &str| corrupt(&id, name);
+    Ok(DeadLetterRecord {
+        stream: d.get_str("stream").map_err(|_| field("stream"))?.to_owned(),
+        event: d.get_document("event").map_err(|_| field("event"))?.clone(),
+        truncated: d.get_bool("truncated").unwrap_or(false),
+        token: ResumeToken::from_document(
+            d.get_document("token").map_err(|_| field("token"))?.clone(),
+        ),
+        operation_type: d
+            .get_str("operationType")
+            .map_err(|_| field("operationType"))?
+            .to_owned(),
+        document_key: d.get_document("documentKey").ok().cloned(),
+        error_chain: d
+            .get_array("errorChain")
+            .map_err(|_| field("errorChain"))?
+            .iter()
+            .map(|b| b.as_str().unwrap_or_default().to_owned())
+            .collect(),
+        error_kind: d.get_str("errorKind").unwrap_or("Failed").to_owned(),
+        attempts: match d.get("attempts") {
+            Some(Bson::Int64(n)) => u32::try_from(*n).unwrap_or(u32::MAX),
+            Some(Bson::Int32(n)) => u32::try_from(*n).unwrap_or(0),
+            _ => return Err(field("attempts")),
+        },
+        first_failed_at: *d
+            .get_datetime("firstFailedAt")
+            .map_err(|_| field("firstFailedAt"))?,
+        last_failed_at: *d
+            .get_datetime("lastFailedAt")
+            .map_err(|_| field("lastFailedAt"))?,
+        status: d
+            .get_str("status")
+            .ok()
+            .and_then(DeadLetterStatus::parse)
+            .ok_or_else(|| field("status"))?,
+        owner: d.get_str("owner").ok().map(str::to_owned),
+        epoch: d.get_i64("epoch").ok(),
+        id,
+    })
+}
+
+fn corrupt(id: &str, field: &str) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Corrupt,
+        format!("dead-letter record '{id}': field `{field}` is missing or malformed"),
+    )
+}
+
+/// The encoded size of a document in bytes.
+pub fn encoded_len(d: &Document) -> usize {
+    let mut buf = Vec::new();
+    match d.to_writer(&mut buf) {
+        Ok(()) => buf.len(),
+        Err(_) => usize::MAX,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::{DateTime, Timestamp};
+
+    fn sample() -> Checkpoint {
+        Checkpoint {
+            stream: "orders".into(),
+            last_processed: Some(StoredPosition {
+                token: ResumeToken::from_document(doc! {"_data": "0A"}),
+                cluster_time: Some(Timestamp {
+                    time: 1,
+                    increment: 2,
+                }),
+                wall_time: Some(DateTime::from_millis(1000)),
+                start_after: false,
+            }),
+            last_seen: Some(StoredPosition {
+                token: ResumeToken::from_document(doc! {"_data": "0B"}),
+                cluster_time: None,
+                wall_time: None,
+                start_after: true,
+            }),
+            owner: Some("host-1".into()),
+            epoch: Some(3),
+            updated_at: DateTime::from_millis(5000),
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let cp = sample();
+        assert_eq!(decode_checkpoint(&encode_checkpoint(&cp)), Ok(cp));
+    }
+
+    #[test]
+    fn corrupt_token_names_stream_and_field() {
+        let mut d = encode_checkpoint(&sample());
+        d.insert("lastSeenToken", "garbage");
+        let e = decode_checkpoint(&d).unwrap_err();
+        assert_eq!(e.stream, "orders");
+        assert_eq!(e.field, "lastSeenToken");
+        assert!(e.to_string().contains("orders"));
+    }
+
+    #[test]
+    fn missing_updated_at_is_corrupt() {
+        let mut d = encode_checkpoint(&sample());
+        d.remove("updatedAt");
+        assert_eq!(decode_checkpoint(&d).unwrap_err().field, "updatedAt");
+    }
+
+    #[test]
+    fn unknown_version_is_refused() {
+        let mut d = encode_checkpoint(&sample());
+        d.insert("v", 99);
+        assert_eq!(decode_checkpoint(&d).unwrap_err().field, "v");
+    }
+}
