@@ -6,8 +6,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bson::Document;
 use flowwarden::{
-    Backend, Checkpoint, CheckpointStore, Fence, MemoryBackend, ResumeToken, StoreError,
-    StoreErrorKind,
+    Backend, ChangeCursor, ChangeSource, Checkpoint, CheckpointStore, Fence, MemoryBackend,
+    ResumeToken, SourceError, SourceErrorKind, StartAt, StoreError, StoreErrorKind, WatchSpec,
 };
 use flowwarden_testkit::conformance::{self, ConformanceTarget, Fresh, Outcome, Report};
 
@@ -205,6 +205,30 @@ impl CheckpointStore for ClaimIgnoresFence {
     }
 }
 
+/// A change source that silently restarts at "now" when the requested position is older
+/// than the retained history, the gap the engine must never take without saying so.
+struct RestartsAtNowOnLostHistory(Arc<dyn ChangeSource>);
+
+#[async_trait]
+impl ChangeSource for RestartsAtNowOnLostHistory {
+    async fn open(
+        &self,
+        spec: &WatchSpec,
+        at: StartAt,
+    ) -> Result<Box<dyn ChangeCursor>, SourceError> {
+        match self.0.open(spec, at).await {
+            Err(e) if e.kind == SourceErrorKind::HistoryLost => {
+                self.0.open(spec, StartAt::Now).await
+            }
+            other => other,
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+}
+
 fn failure_of<'r>(report: &'r Report, case: &str) -> &'r str {
     match report.outcome(case) {
         Some(Outcome::Failed(why)) => why,
@@ -219,6 +243,7 @@ async fn a_save_that_ignores_the_fence_fails_exactly_the_save_fencing_cases() {
         b
     });
     let report = conformance::run_report(&target).await;
+    println!("{report}");
     assert_eq!(
         report.failed(),
         vec![
@@ -246,9 +271,29 @@ async fn a_claim_that_ignores_the_fence_fails_exactly_the_claim_case() {
         b
     });
     let report = conformance::run_report(&target).await;
+    println!("{report}");
     assert_eq!(
         report.failed(),
         vec!["checkpoint.claim_with_older_epoch_is_fenced"],
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn a_source_that_restarts_at_now_on_lost_history_fails_exactly_the_history_case() {
+    let target = Altered(|mut b: Backend| {
+        b.source = Arc::new(RestartsAtNowOnLostHistory(b.source.clone()));
+        b
+    });
+    let report = conformance::run_report(&target).await;
+    println!("{report}");
+    assert_eq!(
+        report.failed(),
+        vec!["source.lost_history_is_history_lost"],
+        "{report}"
+    );
+    assert!(
+        failure_of(&report, "source.lost_history_is_history_lost").contains("no HistoryLost"),
         "{report}"
     );
 }
