@@ -35,7 +35,8 @@ pub(crate) const HISTORY_LOST_CODES: &[i32] = &[286, 136];
 /// Codes that mean the stream definition (pipeline, options) is not acceptable to the server:
 /// unrecognized pipeline stage, `$changeStream` on a standalone, a stage that must be last,
 /// bad values and parse errors in the pipeline, unauthorized.
-pub(crate) const CONFIGURATION_CODES: &[i32] = &[2, 9, 13, 14, 40324, 40573, 40602, 40415, 15983, 17276];
+pub(crate) const CONFIGURATION_CODES: &[i32] =
+    &[2, 9, 13, 14, 40324, 40573, 40602, 40415, 15983, 17276];
 
 /// Server-side wording of lost history on servers that do not send code 286.
 const HISTORY_LOST_MESSAGE: &str = "resume point may no longer be in the oplog";

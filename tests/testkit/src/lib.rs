@@ -3,6 +3,8 @@
 //! sets and which records every invocation, and [`probe_def`], a definition with test-friendly
 //! settings. Each test crate adds what is particular to its backend around these.
 
+pub mod conformance;
+
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
