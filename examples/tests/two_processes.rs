@@ -89,7 +89,7 @@ fn emulator_binary() -> PathBuf {
 fn fulfilment(uri: &str, db: &str, id: &str) -> Proc {
     Proc::spawn(
         Command::new(env!("CARGO_BIN_EXE_fulfilment"))
-            .env("FLOWWARDEN_MONGODB_URI", uri)
+            .env(flowwarden_rs_mongo::ENV_URI, uri)
             .env("FLOWWARDEN_DATABASE", db)
             .env("FLOWWARDEN_INSTANCE_ID", id)
             .env("RUST_LOG", "warn"),

@@ -100,7 +100,7 @@ async fn only_with_an_unknown_name_is_reported() {
 async fn a_mongodb_uri_without_the_mongodb_backend_is_refused() {
     // This test binary does not link flowwarden-rs-mongo.
     std::env::set_var(
-        "FLOWWARDEN_MONGODB_URI",
+        flowwarden::port::MONGODB_URI_VAR,
         "mongodb://127.0.0.1:1/?replicaSet=rs0",
     );
     let err = flowwarden::builder()
@@ -109,9 +109,12 @@ async fn a_mongodb_uri_without_the_mongodb_backend_is_refused() {
         .start()
         .await
         .err();
-    std::env::remove_var("FLOWWARDEN_MONGODB_URI");
+    std::env::remove_var(flowwarden::port::MONGODB_URI_VAR);
     let err = err.expect("startup must fail");
-    assert!(err.to_string().contains("FLOWWARDEN_MONGODB_URI"), "{err}");
+    assert!(
+        err.to_string().contains(flowwarden::port::MONGODB_URI_VAR),
+        "{err}"
+    );
 }
 
 #[tokio::test]

@@ -62,7 +62,7 @@ async fn main() {
         .init();
     let instance = flowwarden::InstanceId::from_env();
     let _ = INSTANCE.set(instance.to_string());
-    let backend: Backend = match std::env::var("FLOWWARDEN_MONGODB_URI") {
+    let backend: Backend = match std::env::var(flowwarden_rs_mongo::ENV_URI) {
         Ok(uri) => {
             let db = std::env::var("FLOWWARDEN_DATABASE")
                 .unwrap_or_else(|_| "flowwarden_example".into());

@@ -22,7 +22,7 @@ async fn main() {
         )
         .with_target(false)
         .init();
-    let target = match std::env::var("FLOWWARDEN_MONGODB_URI") {
+    let target = match std::env::var(flowwarden_rs_mongo::ENV_URI) {
         Ok(uri) => {
             let db = std::env::var("FLOWWARDEN_DATABASE")
                 .unwrap_or_else(|_| "flowwarden_example".into());

@@ -14,15 +14,7 @@ use mongo_emulator::Emulator;
 
 pub const DB: &str = "fwtest";
 
-/// Logs to the test output when `RUST_LOG` is set.
-pub fn init_logs() {
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-    }
-}
+pub use flowwarden_testkit::init_logs;
 
 /// An emulator and a validated backend on it (database `fwtest`).
 pub async fn emulator() -> (Emulator, MongoBackend) {

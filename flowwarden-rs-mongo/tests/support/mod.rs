@@ -18,15 +18,7 @@ use mongodb::Collection;
 /// The variable naming a live replica set for the live variants.
 pub const LIVE_ENV: &str = "FLOWWARDEN_TEST_MONGODB_URI";
 
-/// Logs to the test output when `RUST_LOG` is set.
-pub fn init_logs() {
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-    }
-}
+pub use flowwarden_testkit::init_logs;
 
 /// Where a scenario runs.
 pub struct Target {

@@ -86,7 +86,9 @@ impl DeadLetterStore for MemoryBackend {
             st.faults.dead_letter_put_failures -= 1;
             return Err(unavailable("dead-letter write failed"));
         }
-        st.check_fence(&record.stream, record.owner.as_deref(), record.epoch)?;
+        // The same order and merge as the MongoDB store: size first, then the fence; a second
+        // put of one id takes the new failure (time, chain, kind) and, when fenced, the new
+        // writer's owner and epoch.
         let doc = crate::port::codec::encode_dead_letter(record);
         if encoded_len(&doc) > st.dead_letter_max_bytes {
             return Err(StoreError::new(
@@ -97,11 +99,17 @@ impl DeadLetterStore for MemoryBackend {
                 ),
             ));
         }
+        st.check_fence(&record.stream, record.owner.as_deref(), record.epoch)?;
         if let Some(existing) = st.dead_letters.get_mut(&record.id) {
             let mut merged = crate::port::codec::decode_dead_letter(existing)?;
             merged.attempts = merged.attempts.saturating_add(record.attempts);
             merged.last_failed_at = record.last_failed_at;
             merged.error_chain = record.error_chain.clone();
+            merged.error_kind = record.error_kind.clone();
+            if record.epoch.is_some() {
+                merged.epoch = record.epoch;
+                merged.owner = record.owner.clone();
+            }
             merged.status = DeadLetterStatus::Pending;
             *existing = crate::port::codec::encode_dead_letter(&merged);
             return Ok(PutOutcome::AlreadyPresent);

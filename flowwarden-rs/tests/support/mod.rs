@@ -41,15 +41,7 @@ pub async fn start(
     start_with(backend, probe, def, |b| b).await
 }
 
-/// Logs to the test output when `RUST_LOG` is set.
-pub fn init_logs() {
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-    }
-}
+pub use flowwarden_testkit::init_logs;
 
 pub async fn start_with(
     backend: &MemoryBackend,

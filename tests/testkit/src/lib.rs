@@ -260,3 +260,14 @@ pub async fn wait_until_within(what: &str, bound: Duration, mut cond: impl FnMut
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Logs to the test's output when `RUST_LOG` is set (`RUST_LOG=flowwarden=debug cargo test ..`);
+/// silent otherwise. Safe to call from every test.
+pub fn init_logs() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}

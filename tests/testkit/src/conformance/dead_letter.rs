@@ -181,6 +181,7 @@ pub(crate) async fn put_twice_is_idempotent<T: ConformanceTarget>(cx: &Cx<'_, T>
     again.attempts = 2;
     again.last_failed_at = bson::DateTime::from_millis(1_700_000_500_000);
     again.error_chain = vec!["failed again".into()];
+    again.error_kind = "Panicked".into();
     let outcome = store.put(&again).await.step("second put")?;
     ensure_eq!(
         outcome,
@@ -213,6 +214,11 @@ pub(crate) async fn put_twice_is_idempotent<T: ConformanceTarget>(cx: &Cx<'_, T>
         got.error_chain,
         again.error_chain,
         "error chain after a second put"
+    );
+    ensure_eq!(
+        got.error_kind,
+        again.error_kind,
+        "error kind after a second put (the new failure's, like its chain)"
     );
     ensure_eq!(
         got.status,
