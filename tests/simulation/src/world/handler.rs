@@ -1,0 +1,233 @@
+//! The simulated stream: its document type, definition and handler, whose behaviour comes
+//! from the schedule and whose every call is recorded.
+
+use super::*;
+
+/// The document type of the simulated stream (a document with `n` of another type does not
+/// decode).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Item {
+    /// A number.
+    pub n: i64,
+    /// A status.
+    #[serde(default)]
+    pub status: String,
+}
+
+thread_local! {
+    static PIPELINE: std::cell::RefCell<Vec<Document>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+pub(crate) fn set_pipeline(kind: PipelineKind) {
+    let stages = match kind {
+        PipelineKind::None => vec![],
+        PipelineKind::NoDeletes => {
+            vec![bson::doc! {"$match": {"operationType": {"$nin": ["delete"]}}}]
+        }
+        PipelineKind::NotKey(k) => vec![bson::doc! {"$match": {"documentKey._id": {"$ne": k}}}],
+        PipelineKind::NotHidden => {
+            vec![bson::doc! {"$match": {"fullDocument.status": {"$ne": "hidden"}}}]
+        }
+    };
+    PIPELINE.with(|p| *p.borrow_mut() = stages);
+}
+
+pub(crate) static DEFAULT_DEF: StreamDefinition = StreamDefinition {
+    name: crate::STREAM,
+    type_name: "SimHandler",
+    database: None,
+    collection: crate::COLLECTION,
+    full_document: flowwarden::FullDocument::Default,
+    full_document_before_change: flowwarden::FullDocumentBeforeChange::Off,
+    enabled: true,
+    auto_start: true,
+    checkpoint: flowwarden::CheckpointConfig::DEFAULT,
+    retry: flowwarden::RetryConfig::DEFAULT,
+    restart: flowwarden::RestartConfig::DEFAULT,
+    deployment: flowwarden::Deployment::AllInstances,
+    source: flowwarden::SourceLocation {
+        file: file!(),
+        line: line!(),
+    },
+};
+
+/// The panic message of injected panics (the harness's panic hook keeps them quiet).
+pub(crate) const PANIC_MARK: &str = "flowwarden-simulation: injected handler panic";
+
+/// The simulated handler: behaviour from the schedule, every call recorded.
+#[derive(Clone)]
+pub(crate) struct SimHandler {
+    pub(crate) world: Arc<World>,
+    /// The runtime (incarnation) it belongs to.
+    pub(crate) inc: u32,
+}
+
+enum Outcome {
+    Ok,
+    Fail(&'static str),
+    Panic,
+    DeadLetterRequest,
+}
+
+pub(crate) fn key_of<T>(ctx: &ChangeContext<T>) -> Option<i32> {
+    match ctx.document_key()?.get("_id")? {
+        Bson::Int32(k) => Some(*k),
+        Bson::Int64(k) => Some(*k as i32),
+        _ => None,
+    }
+}
+
+impl StreamHandler for SimHandler {
+    type Document = Item;
+
+    fn definition() -> &'static StreamDefinition {
+        &DEFAULT_DEF
+    }
+
+    fn pipeline() -> Vec<Document> {
+        PIPELINE.with(|p| p.borrow().clone())
+    }
+
+    fn filter(&self, ctx: &ChangeContext<Item>) -> bool {
+        let mut w = self.world.lock();
+        if w.settings.leader.is_some() && ctx.attempt() == 1 {
+            if let Some(seq) = token_seq(ctx.resume_token()) {
+                w.check_consumer(self.inc, seq);
+            }
+        }
+        let key = key_of(ctx);
+        let keep = match w.settings.filter {
+            FilterKind::None => true,
+            FilterKind::NoUpdatesOf(k) => {
+                !(key == Some(k) && ctx.operation_type().as_str() == "update")
+            }
+            FilterKind::NotQuiet => ctx.document().is_none_or(|d| d.status != "quiet"),
+        };
+        if !keep {
+            if let Some(seq) = token_seq(ctx.resume_token()) {
+                let tag = w.tag(self.inc);
+                w.log(format!("{tag}filter rejects #{seq}"));
+                w.settle(seq, Settle::Filtered);
+            }
+        }
+        keep
+    }
+
+    fn handle(self: Arc<Self>, ctx: Arc<ChangeContext<Item>>) -> Option<HandlerFuture> {
+        let seq = token_seq(ctx.resume_token())?;
+        let op = ctx.operation_type().as_str().to_owned();
+        let key = key_of(&ctx);
+        let mut w = self.world.lock();
+        let inc = self.inc;
+        let tag = w.tag(inc);
+        if op == "drop" || op == "invalidate" {
+            w.log(format!("{tag}unrouted #{seq} {op}"));
+            w.settle(seq, Settle::Unrouted);
+            return None;
+        }
+        let call = {
+            let c = w.calls.entry(seq).or_insert(0);
+            *c += 1;
+            *c - 1
+        };
+        let b = &w.settings.behaviour;
+        let h = mix(w.seed
+            ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ u64::from(call).wrapping_mul(0xC2B2_AE3D_27D4_EB4F));
+        let latency = if b.max_latency_ms == 0 {
+            0
+        } else {
+            h % (b.max_latency_ms + 1)
+        };
+        let outcome = if key.is_some_and(|k| b.permanent_keys.contains(&k)) {
+            Outcome::Fail("permanent failure")
+        } else if call < b.transient_calls && (h >> 20) % 100 < b.transient_pct {
+            Outcome::Fail("transient failure")
+        } else if call < 2 && (h >> 30) % 100 < b.panic_pct {
+            Outcome::Panic
+        } else if (h >> 40) % 100 < b.dead_letter_request_pct {
+            Outcome::DeadLetterRequest
+        } else {
+            Outcome::Ok
+        };
+        w.stats.invocations += 1;
+        w.log(format!(
+            "{tag}invoke #{seq} {op} k{} attempt {} (call {call}, {latency}ms)",
+            key.unwrap_or(-1),
+            ctx.attempt()
+        ));
+        drop(w);
+        let world = self.world.clone();
+        Some(Box::pin(async move {
+            if latency > 0 {
+                tokio::time::sleep(Duration::from_millis(latency)).await;
+            }
+            // A zombie: the handler stalls (a GC pause, a blocked call) past its lease.
+            let mut stalled = false;
+            loop {
+                let until = {
+                    let mut w = world.lock();
+                    let until = w.stall_until.get(&inc).copied();
+                    match until {
+                        Some(u) if u > Instant::now() => {
+                            let at = u.saturating_duration_since(w.t0).as_millis();
+                            w.log(format!("{tag}handler of #{seq} stalls until {at}ms"));
+                            Some(u)
+                        }
+                        _ => None,
+                    }
+                };
+                match until {
+                    Some(u) => {
+                        stalled = true;
+                        tokio::time::sleep_until(u).await;
+                    }
+                    None => break,
+                }
+            }
+            let mut w = world.lock();
+            if stalled {
+                let deposed = !w.leads(inc);
+                if deposed {
+                    w.stats.zombie_wakeups += 1;
+                }
+                w.log(format!(
+                    "{tag}handler of #{seq} wakes{}",
+                    if deposed {
+                        " (a zombie: this runtime no longer holds the lease)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            match outcome {
+                Outcome::Ok => {
+                    w.log(format!("{tag}success #{seq}"));
+                    w.on_success(seq, key);
+                    Ok(())
+                }
+                Outcome::Fail(why) => {
+                    w.log(format!("{tag}fail #{seq}: {why}"));
+                    Err(HandlerError::msg(format!("{why} of #{seq}")))
+                }
+                Outcome::DeadLetterRequest => {
+                    w.log(format!("{tag}#{seq}: handler asks to dead-letter"));
+                    ctx.dead_letter("the simulated handler asked for it");
+                    Ok(())
+                }
+                Outcome::Panic => {
+                    w.log(format!("{tag}panic #{seq}"));
+                    drop(w);
+                    panic!("{PANIC_MARK} #{seq}");
+                }
+            }
+        }))
+    }
+
+    fn on_error(&self, error: &HandlerError, _ctx: &ChangeContext<Item>) -> Option<ErrorAction> {
+        let w = self.world.lock();
+        (w.settings.behaviour.dead_letter_permanent_at_once
+            && error.to_string().starts_with("permanent"))
+        .then_some(ErrorAction::DeadLetter)
+    }
+}
