@@ -853,6 +853,45 @@ async fn a_restart_after_an_unrouted_invalidate_reads_the_recreated_collection()
     assert_eq!(st.state, StreamState::Running);
 }
 
+/// Found by the simulation (seeds 22 and 1362 once drop + recreate + restart was modelled):
+/// when the checkpoint store refused the write of the settled invalidate, the stream halted
+/// `Invalidated` with the checkpoint still before the drop, so the operator's restart replayed
+/// the drop and halted again. The stream now halts only once the invalidate is stored
+/// (retrying with the restart backoff), so the restart reads the recreated collection.
+#[tokio::test(start_paused = true)]
+async fn an_invalidate_is_stored_before_the_stream_halts_even_through_store_failures() {
+    let backend = MemoryBackend::new();
+    let probe = Probe::default().routing_only(&["insert"]);
+    let d = def("invalidate-stored", |d| d.restart.max_attempts = 0);
+    let rt = start(&backend, &probe, d).await;
+    insert_ids(&backend, [1]);
+    wait_until("1 handled", || probe.successes().len() == 1).await;
+    backend.faults().fail_next_checkpoint_saves(3);
+    backend.collection("orders").drop_collection();
+    let st = wait_status(&rt, "invalidate-stored", |s| s.halt.is_some()).await;
+    rt.shutdown().await;
+    assert_eq!(st.halt.unwrap().reason, HaltReason::Invalidated);
+    assert!(st.counters.checkpoint_failures >= 3, "{:?}", st.counters);
+    let stored = backend
+        .checkpoint_document("invalidate-stored")
+        .expect("a checkpoint");
+    assert_eq!(
+        stored.get_bool("lastSeenStartAfter").ok(),
+        Some(true),
+        "the invalidate's token is stored for startAfter before the halt: {stored}"
+    );
+
+    insert_ids(&backend, [2, 3]);
+    let rt = start(&backend, &probe, d).await;
+    wait_until("the recreated collection's inserts", || {
+        probe.handled_keys() == ids(&[1, 2, 3])
+    })
+    .await;
+    let st = rt.handle().status("invalidate-stored").unwrap();
+    rt.shutdown().await;
+    assert!(st.halt.is_none(), "halted again: {:?}", st.halt);
+}
+
 #[tokio::test(start_paused = true)]
 async fn checkpoint_store_outages_delay_progress_but_lose_nothing() {
     let backend = MemoryBackend::new();

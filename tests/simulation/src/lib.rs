@@ -78,15 +78,32 @@ pub enum Sabotage {
     LyingRenewals,
     /// Only the last holder may acquire the lease: nobody takes over (invariant 10).
     NoTakeover,
+    /// A source that cannot tell its oldest retained position opens at "now" instead of
+    /// refusing (the MongoDB adapter's old behaviour without access to `local.oplog.rs`):
+    /// the retained history is skipped while the runtime believes it restarted at the oldest
+    /// entry (invariant 1).
+    OldestBecomesNow,
+    /// A source that cannot tell its oldest retained position reports it as a transient
+    /// error: the runtime re-opens with backoff instead of halting `HistoryLost`, and never
+    /// says that history is lost (invariant 5).
+    OldestUnknownAsTransient,
+    /// The checkpoint store keeps its previous position instead of a settled invalidate's
+    /// (`startAfter`) token: a restart after the collection was dropped and recreated replays
+    /// the invalidate and halts again, and the recreated collection is never read
+    /// (invariant 1).
+    ForgetInvalidate,
 }
 
 impl Sabotage {
     /// Every sabotage.
-    pub const ALL: [Sabotage; 4] = [
+    pub const ALL: [Sabotage; 7] = [
         Sabotage::UnfencedWrites,
         Sabotage::ForgedEpoch,
         Sabotage::LyingRenewals,
         Sabotage::NoTakeover,
+        Sabotage::OldestBecomesNow,
+        Sabotage::OldestUnknownAsTransient,
+        Sabotage::ForgetInvalidate,
     ];
 
     /// The command-line name.
@@ -96,6 +113,9 @@ impl Sabotage {
             Sabotage::ForgedEpoch => "forged-epoch",
             Sabotage::LyingRenewals => "lying-renewals",
             Sabotage::NoTakeover => "no-takeover",
+            Sabotage::OldestBecomesNow => "oldest-becomes-now",
+            Sabotage::OldestUnknownAsTransient => "oldest-unknown-as-transient",
+            Sabotage::ForgetInvalidate => "forget-invalidate",
         }
     }
 
@@ -247,6 +267,12 @@ pub struct Stats {
     pub running_overlaps: u64,
     /// Violations found, by invariant number (the first 20 of a run are kept in detail).
     pub violations_by_invariant: BTreeMap<u8, u64>,
+    /// Opens at the oldest entry the source refused because it cannot tell where that is.
+    pub oldest_unknown_refusals: u64,
+    /// Drops after which the operator recreated the collection and restarted the stream.
+    pub recreated_after_invalidate: u64,
+    /// Of those, runs that then read the recreated collection's changes.
+    pub recreated_read: u64,
 }
 
 impl Stats {
@@ -281,6 +307,9 @@ impl Stats {
         self.zombie_wakeups += other.zombie_wakeups;
         self.zombies_fenced += other.zombies_fenced;
         self.running_overlaps += other.running_overlaps;
+        self.oldest_unknown_refusals += other.oldest_unknown_refusals;
+        self.recreated_after_invalidate += other.recreated_after_invalidate;
+        self.recreated_read += other.recreated_read;
         for (k, v) in &other.violations_by_invariant {
             *self.violations_by_invariant.entry(*k).or_default() += v;
         }
@@ -318,6 +347,11 @@ impl fmt::Display for Stats {
             self.runtimes, self.opens
         )?;
         writeln!(f, "reported gaps:        {}", self.gaps)?;
+        writeln!(
+            f,
+            "oldest unknown:       {} refused opens; drop + recreate + restart: {} ({} read the new collection)",
+            self.oldest_unknown_refusals, self.recreated_after_invalidate, self.recreated_read
+        )?;
         if self.multi_instance_seeds > 0 {
             writeln!(
                 f,

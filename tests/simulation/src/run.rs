@@ -155,6 +155,9 @@ struct Sim<'a> {
     leader: Option<LeaderSettings>,
     slots: Vec<Slot>,
     next_inc: u32,
+    /// The oplog head once the operator recreated the dropped collection (and restarted the
+    /// stream): from then on an `Invalidated` halt excuses nothing.
+    recreated_after: Option<u64>,
 }
 
 async fn simulate(schedule: &Schedule, opts: SimOptions) -> Result<SeedOutcome, SimError> {
@@ -186,6 +189,7 @@ async fn simulate(schedule: &Schedule, opts: SimOptions) -> Result<SeedOutcome, 
         leader,
         slots,
         next_inc: 1,
+        recreated_after: None,
     };
     {
         let mut w = world.lock();
@@ -774,6 +778,10 @@ impl Sim<'_> {
                     continue;
                 };
                 match reason {
+                    HaltReason::Invalidated if self.recreated_after.is_none() => {
+                        self.recreate_and_restart().await?;
+                        continue 'drain;
+                    }
                     HaltReason::HistoryLost | HaltReason::Invalidated => break 'drain,
                     _ if operator_restarts < 12 => {
                         operator_restarts += 1;
@@ -793,6 +801,36 @@ impl Sim<'_> {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(())
+    }
+
+    /// What an operator does after an invalidate (docs/runbooks/invalidate.md): the dropped
+    /// collection is recreated (a few inserts) and every stream that halted `Invalidated` is
+    /// restarted. The restart must resume after the invalidate and read the new collection.
+    async fn recreate_and_restart(&mut self) -> Result<(), SimError> {
+        self.log("drain: operator recreates the dropped collection and restarts the stream");
+        self.recreated_after = Some(self.memory.oplog_head());
+        self.world.lock().stats.recreated_after_invalidate += 1;
+        let keys = self.schedule.settings.keys.min(3);
+        for key in 0..keys {
+            self.write(&Step::Insert {
+                key,
+                n: 1_000 + i64::from(key),
+                status: "NEW",
+                bad: false,
+            });
+        }
+        for i in 0..self.slots.len() {
+            let halted = self
+                .status(i)
+                .as_ref()
+                .and_then(Self::ended_halted)
+                .is_some();
+            if halted || self.slots[i].runtime.is_none() {
+                self.shutdown(i).await;
+                self.start(i).await?;
+            }
         }
         Ok(())
     }
@@ -876,8 +914,11 @@ impl Sim<'_> {
         if !missing.is_empty() {
             let loud = match halt.as_ref().map(|h| h.reason) {
                 Some(HaltReason::HistoryLost) => state == Some(StreamState::HistoryLost),
+                // Once the operator recreated the collection and restarted, the restart must
+                // read it: halting on the same invalidate again excuses nothing.
                 Some(HaltReason::Invalidated) => {
-                    drop_seq.is_some_and(|d| missing.iter().all(|s| *s > d))
+                    self.recreated_after.is_none()
+                        && drop_seq.is_some_and(|d| missing.iter().all(|s| *s > d))
                 }
                 _ => false,
             };
@@ -895,6 +936,29 @@ impl Sim<'_> {
                     ),
                 );
             }
+        }
+
+        if let Some(after) = self.recreated_after {
+            if w.checked_changes(head)
+                .filter(|c| c.seq > after)
+                .all(|c| w.accounted(c))
+            {
+                w.stats.recreated_read += 1;
+            }
+        }
+
+        // Invariant 5: a source that cannot tell its oldest position leaves
+        // ResumeFromOplogStart nothing to restart at: the stream must show HistoryLost.
+        if w.stats.oldest_unknown_refusals > 0
+            && !(state == Some(StreamState::HistoryLost)
+                && halt
+                    .as_ref()
+                    .is_some_and(|h| h.reason == HaltReason::HistoryLost))
+        {
+            w.violate(
+                Invariant::TruthfulState,
+                format!("the source refused to open at its oldest entry (unknown), yet the stream ends {state:?} with halt {:?}", halt.as_ref().map(|h| h.reason)),
+            );
         }
 
         // Invariant 5: lost history under Fail must show HistoryLost, not Running.

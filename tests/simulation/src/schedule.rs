@@ -81,6 +81,10 @@ pub struct Settings {
     pub resume_strategy: ResumeStrategy,
     /// `on_history_lost`.
     pub on_history_lost: OnHistoryLost,
+    /// The source cannot tell its oldest retained position (MongoDB without read access to
+    /// `local.oplog.rs` and without `serverStatus`): an open at the oldest entry is refused
+    /// with `OldestUnknown`, so `ResumeFromOplogStart` must halt `HistoryLost`.
+    pub oldest_unknown: bool,
     /// Retry: attempts in all.
     pub retry_attempts: u32,
     /// Retry: first delay.
@@ -447,7 +451,7 @@ impl Schedule {
             permanent_keys,
             dead_letter_permanent_at_once: r.chance(30),
         };
-        let settings = Settings {
+        let mut settings = Settings {
             keys,
             save_every_n: r.range(1, 20) as u32,
             save_interval_secs: r.range(0, 10),
@@ -474,7 +478,12 @@ impl Schedule {
             filter,
             behaviour,
             leader: None,
+            oldest_unknown: false,
         };
+        // Drawn from its own generator, so every other draw of the seed stays what it was.
+        let mut oldest = SplitMix64::new(mix(seed ^ 0x6F6C_6465_7374_3F21));
+        settings.oldest_unknown =
+            settings.on_history_lost == OnHistoryLost::ResumeFromOplogStart && oldest.chance(40);
 
         let mut present: Vec<bool> = (0..keys).map(|_| r.chance(60)).collect();
         let initial_keys = (0..keys).filter(|k| present[*k as usize]).collect();

@@ -18,6 +18,7 @@ fn two_leaders() -> Settings {
         save_interval_secs: 0,
         resume_strategy: ResumeStrategy::ProcessedFirst,
         on_history_lost: OnHistoryLost::Fail,
+        oldest_unknown: false,
         retry_attempts: 1,
         retry_delay_ms: 10,
         retry_jitter: false,

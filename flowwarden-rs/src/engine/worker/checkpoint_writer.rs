@@ -6,10 +6,14 @@ use std::sync::Arc;
 use bson::DateTime;
 use tracing::warn;
 
+use super::Worker;
 use crate::engine::tracker::Tracker;
+use crate::engine::StreamExit;
+use crate::handler::StreamHandler;
 use crate::port::CheckpointStore;
 use crate::port::Fence;
 use crate::port::StoreErrorKind;
+use crate::port::{SourceError, SourceErrorKind};
 use crate::status::{Halt, HaltReason, StatusCell};
 
 /// The tracker and the store its checkpoints go to.
@@ -58,5 +62,29 @@ impl Progress {
                 Ok(())
             }
         }
+    }
+}
+
+impl<H: StreamHandler> Worker<H> {
+    /// Writes the settled prefix now and does not return before it is stored: a store that
+    /// refuses the write is retried with the restart backoff (past `max_attempts` the stream
+    /// halts `SourceUnavailable`; a stop request ends the wait). Used where the next step
+    /// depends on the write: a start position before the first read, a settled invalidate
+    /// before the `Invalidated` halt (so a restart resumes after it and reads the recreated
+    /// collection, instead of replaying the invalidate and halting again).
+    pub(super) async fn persist_settled(&mut self, what: &str) -> Result<(), StreamExit> {
+        while self.progress.tracker.is_dirty() {
+            if let Err(h) = self.progress.save().await {
+                return Err(StreamExit::Halted(h));
+            }
+            if self.progress.tracker.is_dirty() {
+                let err = SourceError::new(
+                    SourceErrorKind::Resumable,
+                    format!("checkpoint store unavailable: {what} could not be written"),
+                );
+                self.backoff(&err).await?;
+            }
+        }
+        Ok(())
     }
 }

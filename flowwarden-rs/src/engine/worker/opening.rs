@@ -103,7 +103,11 @@ impl<H: StreamHandler> Worker<H> {
                     }
                     if let Some(token) = cursor.initial_position() {
                         self.receive_idle(token);
-                        self.persist_start_position().await?;
+                        // A cursor opened at "now" or at the oldest entry starts at a
+                        // position no checkpoint records yet: write it before reading, so a
+                        // crash before the first regular checkpoint cannot restart at "now"
+                        // again and skip what was committed meanwhile.
+                        self.persist_settled("the stream's start position").await?;
                     }
                     return Ok(cursor);
                 }
@@ -116,26 +120,6 @@ impl<H: StreamHandler> Worker<H> {
                 },
             }
         }
-    }
-
-    /// A cursor opened at "now" or at the oldest entry starts at a position no checkpoint
-    /// records yet: write it before reading, so a crash before the first regular checkpoint
-    /// cannot restart at "now" again and skip what was committed meanwhile. A store that
-    /// refuses the write is retried with the restart backoff.
-    pub(super) async fn persist_start_position(&mut self) -> Result<(), StreamExit> {
-        while self.progress.tracker.is_dirty() {
-            if let Err(h) = self.progress.save().await {
-                return Err(StreamExit::Halted(h));
-            }
-            if self.progress.tracker.is_dirty() {
-                let err = SourceError::new(
-                    SourceErrorKind::Resumable,
-                    "checkpoint store unavailable: the stream's start position could not be written",
-                );
-                self.backoff(&err).await?;
-            }
-        }
-        Ok(())
     }
 
     pub(super) fn history_lost_at_candidate(&mut self, plan: &mut ResumePlan, e: &SourceError) {

@@ -16,7 +16,7 @@ use crate::definition::StreamDefinition;
 use crate::engine::process::{process_event, EventOutcome, ProcessCx};
 use crate::engine::reader::{read_loop, ReadResult};
 use crate::engine::tracker::Settlement;
-use crate::engine::AbortOnDrop;
+use crate::engine::{AbortOnDrop, StreamExit};
 use crate::event::{ChangeEvent, OperationType, ResumeToken};
 use crate::handler::StreamHandler;
 use crate::port::StoredPosition;
@@ -80,6 +80,15 @@ impl<H: StreamHandler> Worker<H> {
                     self.restart_failures = 0;
                     if let Some(end) = self.on_event(raw, &mut heartbeat).await {
                         drop(reader);
+                        if matches!(end, SessionEnd::Invalidated) {
+                            // Halt only once the invalidate is stored: a restart then resumes
+                            // after it and reads the recreated collection.
+                            return match self.persist_settled("the settled invalidate").await {
+                                Ok(()) => SessionEnd::Invalidated,
+                                Err(StreamExit::Stopped) => SessionEnd::Stop,
+                                Err(StreamExit::Halted(h)) => SessionEnd::Halt(h),
+                            };
+                        }
                         return end;
                     }
                 }

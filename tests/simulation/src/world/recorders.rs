@@ -1,6 +1,8 @@
 //! The recording wrappers around the in-memory backend's source, checkpoint store, dead-letter
 //! store and lease store: every open, delivery, write and lease call feeds the world.
 
+use flowwarden::port::SourceErrorKind;
+
 use super::*;
 
 /// The in-memory change source, recording opens and deliveries.
@@ -19,12 +21,35 @@ impl ChangeSource for RecSource {
     ) -> Result<Box<dyn ChangeCursor>, SourceError> {
         let head = self.memory.oplog_head();
         let first = self.memory.oplog_first_retained();
-        let result = ChangeSource::open(&self.memory, spec, at.clone()).await;
+        let (oldest_unknown, sabotage) = {
+            let w = self.world.lock();
+            (w.settings.oldest_unknown, w.sabotage)
+        };
+        let result = if oldest_unknown && at == StartAt::OldestAvailable {
+            if sabotage == Some(Sabotage::OldestBecomesNow) {
+                // The old adapter: "cannot read local.oplog.rs" became an open at now.
+                ChangeSource::open(&self.memory, spec, StartAt::Now).await
+            } else {
+                self.world.lock().stats.oldest_unknown_refusals += 1;
+                let kind = if sabotage == Some(Sabotage::OldestUnknownAsTransient) {
+                    SourceErrorKind::Resumable
+                } else {
+                    SourceErrorKind::OldestUnknown
+                };
+                Err(SourceError::new(
+                    kind,
+                    "the oldest retained position cannot be read (simulated: no access to local.oplog.rs, no serverStatus)",
+                ))
+            }
+        } else {
+            ChangeSource::open(&self.memory, spec, at.clone()).await
+        };
         let summary = result.as_ref().map(|_| ()).map_err(Clone::clone);
         // Where the cursor starts: a delivery at or before it is the source moving back.
         let start = match &at {
             StartAt::ResumeAfter(t) | StartAt::StartAfter(t) => token_seq(t),
             StartAt::Now => Some(head),
+            StartAt::OldestAvailable if oldest_unknown => Some(head),
             StartAt::OldestAvailable => Some(first.saturating_sub(1)),
             _ => None,
         };
@@ -201,6 +226,23 @@ impl CheckpointStore for RecCheckpoints {
             w.sabotage
         };
         let mut written = checkpoint.clone();
+        if sabotage == Some(Sabotage::ForgetInvalidate) {
+            // Keep what was stored in place of an invalidate's position.
+            let stored = CheckpointStore::load(&self.memory, &checkpoint.stream)
+                .await
+                .ok()
+                .flatten();
+            if written.last_seen.as_ref().is_some_and(|p| p.start_after) {
+                written.last_seen = stored.as_ref().and_then(|c| c.last_seen.clone());
+            }
+            if written
+                .last_processed
+                .as_ref()
+                .is_some_and(|p| p.start_after)
+            {
+                written.last_processed = stored.as_ref().and_then(|c| c.last_processed.clone());
+            }
+        }
         if sabotage == Some(Sabotage::UnfencedWrites) {
             written.owner = None;
             written.epoch = None;
