@@ -116,6 +116,14 @@ impl Builder {
         self
     }
 
+    /// Test-only (feature `test-util`): this exact identity, configured or not (see
+    /// [`InstanceId::unconfigured`]).
+    #[cfg(feature = "test-util")]
+    pub fn instance_identity(mut self, id: InstanceId) -> Self {
+        self.instance = Some(id);
+        self
+    }
+
     /// How long a stop waits for an in-flight handler (default 30 s).
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.options.shutdown_timeout = timeout;

@@ -25,6 +25,16 @@ impl InstanceId {
         }
     }
 
+    /// Test-only (feature `test-util`): `id`, treated as generated (not configured), so a
+    /// deterministic test can run the unconfigured-identity paths with a known identity.
+    #[cfg(feature = "test-util")]
+    pub fn unconfigured(id: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            configured: false,
+        }
+    }
+
     /// A generated identity: `host-pid-suffix`.
     pub fn generated() -> Self {
         use std::hash::{BuildHasher, Hasher};

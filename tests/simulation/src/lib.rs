@@ -43,7 +43,7 @@ pub use rng::{mix, SplitMix64};
 pub use run::{run_schedule, run_seed, shrink};
 pub use schedule::{
     Behaviour, FilterKind, LeaderSettings, PipelineKind, Schedule, Settings, Step,
-    MULTI_INSTANCE_PCT,
+    MULTI_INSTANCE_PCT, SHARED_CHECKPOINT_PCT,
 };
 pub use world::Item;
 
@@ -92,11 +92,14 @@ pub enum Sabotage {
     /// the invalidate and halts again, and the recreated collection is never read
     /// (invariant 1).
     ForgetInvalidate,
+    /// The lease store grants every instance the checkpoint guard of a shared checkpoint, as
+    /// if there were none: two runtimes consume under one checkpoint (invariant 9).
+    GuardForEveryone,
 }
 
 impl Sabotage {
     /// Every sabotage.
-    pub const ALL: [Sabotage; 7] = [
+    pub const ALL: [Sabotage; 8] = [
         Sabotage::UnfencedWrites,
         Sabotage::ForgedEpoch,
         Sabotage::LyingRenewals,
@@ -104,6 +107,7 @@ impl Sabotage {
         Sabotage::OldestBecomesNow,
         Sabotage::OldestUnknownAsTransient,
         Sabotage::ForgetInvalidate,
+        Sabotage::GuardForEveryone,
     ];
 
     /// The command-line name.
@@ -116,6 +120,7 @@ impl Sabotage {
             Sabotage::OldestBecomesNow => "oldest-becomes-now",
             Sabotage::OldestUnknownAsTransient => "oldest-unknown-as-transient",
             Sabotage::ForgetInvalidate => "forget-invalidate",
+            Sabotage::GuardForEveryone => "guard-for-everyone",
         }
     }
 
@@ -273,6 +278,10 @@ pub struct Stats {
     pub recreated_after_invalidate: u64,
     /// Of those, runs that then read the recreated collection's changes.
     pub recreated_read: u64,
+    /// Schedules with two runtimes sharing one checkpoint (the checkpoint guard).
+    pub shared_checkpoint_seeds: u64,
+    /// Runtimes that halted `SharedCheckpoint` (found the checkpoint held by a live sibling).
+    pub shared_checkpoint_halts: u64,
 }
 
 impl Stats {
@@ -310,6 +319,8 @@ impl Stats {
         self.oldest_unknown_refusals += other.oldest_unknown_refusals;
         self.recreated_after_invalidate += other.recreated_after_invalidate;
         self.recreated_read += other.recreated_read;
+        self.shared_checkpoint_seeds += other.shared_checkpoint_seeds;
+        self.shared_checkpoint_halts += other.shared_checkpoint_halts;
         for (k, v) in &other.violations_by_invariant {
             *self.violations_by_invariant.entry(*k).or_default() += v;
         }
@@ -351,6 +362,11 @@ impl fmt::Display for Stats {
             f,
             "oldest unknown:       {} refused opens; drop + recreate + restart: {} ({} read the new collection)",
             self.oldest_unknown_refusals, self.recreated_after_invalidate, self.recreated_read
+        )?;
+        writeln!(
+            f,
+            "shared checkpoint:    {} seeds, {} SharedCheckpoint halts",
+            self.shared_checkpoint_seeds, self.shared_checkpoint_halts
         )?;
         if self.multi_instance_seeds > 0 {
             writeln!(

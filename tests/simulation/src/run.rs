@@ -99,6 +99,14 @@ thread_local! {
     static DEFINITIONS: RefCell<HashMap<String, &'static StreamDefinition>> = RefCell::new(HashMap::new());
 }
 
+/// The checkpoint guard's timing in shared-checkpoint runs: short, so takeovers after a crash
+/// happen within the schedule.
+const SHARED_GUARD: LeaseConfig = LeaseConfig {
+    lease_secs: 3,
+    renew_secs: 1,
+    standby_poll_secs: 1,
+};
+
 /// The stream definition of these settings (interned: definitions are `'static`).
 fn definition(s: &Settings) -> &'static StreamDefinition {
     let mut d = world::DEFAULT_DEF.clone();
@@ -168,10 +176,19 @@ async fn simulate(schedule: &Schedule, opts: SimOptions) -> Result<SeedOutcome, 
     }
     let world = World::new(schedule.seed, schedule.settings.clone());
     let leader = schedule.settings.leader;
-    let slots = (0..leader.map(|l| l.instances).unwrap_or(1))
+    let shared = schedule.settings.shared_checkpoint;
+    let instances = match (leader, shared) {
+        (Some(l), _) => l.instances,
+        (None, true) => 2,
+        (None, false) => 1,
+    };
+    let slots = (0..instances)
         .map(|i| Slot {
+            // Shared-checkpoint runtimes configure no identity: the id only tags the trace.
             id: if leader.is_some() {
                 format!("i{i}")
+            } else if shared {
+                format!("s{i}")
             } else {
                 String::new()
             },
@@ -197,6 +214,7 @@ async fn simulate(schedule: &Schedule, opts: SimOptions) -> Result<SeedOutcome, 
         w.stats.seeds = 1;
         w.stats.fault_free_seeds = u64::from(schedule.is_fault_free());
         w.stats.multi_instance_seeds = u64::from(leader.is_some());
+        w.stats.shared_checkpoint_seeds = u64::from(shared);
         w.log(format!(
             "seed {} settings {:?}",
             schedule.seed, schedule.settings
@@ -224,6 +242,11 @@ impl Sim<'_> {
         self.world.lock().log(msg);
     }
 
+    /// Two runtimes share one checkpoint (no identity, the checkpoint guard).
+    fn shared(&self) -> bool {
+        self.schedule.settings.shared_checkpoint
+    }
+
     fn poll(&self) -> Duration {
         Duration::from_secs(self.leader.map(|l| l.poll_secs).unwrap_or(0))
     }
@@ -247,8 +270,9 @@ impl Sim<'_> {
                 memory: memory.clone(),
                 inc,
             })),
-            // Single-instance runs have no lease store (the stream is `AllInstances`).
-            leases: self.leader.map(|_| {
+            // Single-instance runs have no lease store (the stream is `AllInstances`); shared-
+            // checkpoint runs have one, for the checkpoint guard.
+            leases: (self.leader.is_some() || self.shared()).then(|| {
                 Arc::new(RecLeases {
                     world,
                     memory: memory.clone(),
@@ -265,7 +289,7 @@ impl Sim<'_> {
         let inc = self.next_inc;
         self.next_inc += 1;
         let id = self.slots[i].id.clone();
-        let multi = self.leader.is_some();
+        let multi = self.leader.is_some() || self.shared();
         let tag = if multi {
             format!("[{id} #{inc}] ")
         } else {
@@ -297,8 +321,13 @@ impl Sim<'_> {
             .shutdown_timeout(Duration::from_millis(s.shutdown_timeout_ms))
             .dead_letter_write_attempts(s.dead_letter_write_attempts)
             .checkpoint_on_receipt(self.opts.checkpoint_on_receipt);
-        if multi {
+        if self.leader.is_some() {
             builder = builder.instance_id(id);
+        } else if self.shared() {
+            // Unconfigured, as generated for each new process, but deterministic.
+            builder = builder
+                .checkpoint_guard(SHARED_GUARD)
+                .instance_identity(flowwarden::InstanceId::unconfigured(format!("{id}-p{inc}")));
         }
         let rt = builder.start().await?;
         {
@@ -330,6 +359,13 @@ impl Sim<'_> {
         ));
         w.history_lost_finished += c.history_lost;
         w.stats.redeliveries += c.redelivered;
+        if st
+            .halt
+            .as_ref()
+            .is_some_and(|h| h.reason == HaltReason::SharedCheckpoint)
+        {
+            w.stats.shared_checkpoint_halts += 1;
+        }
         if let Some(h) = &st.halt {
             if h.reason == HaltReason::HistoryLost && st.state != StreamState::HistoryLost {
                 w.violate(
@@ -524,6 +560,9 @@ impl Sim<'_> {
                 flowwarden::port::SourceErrorKind::Resumable,
                 "injected open failure",
             ),
+            Step::Crash | Step::Restart | Step::GracefulRestart if self.shared() => {
+                self.shared_step(step).await?;
+            }
             Step::Crash => self.crash(0).await,
             Step::Restart if self.slots[0].runtime.is_none() => self.start(0).await?,
             Step::GracefulRestart => {
@@ -756,8 +795,12 @@ impl Sim<'_> {
                     self.start(i).await?;
                 }
             }
-        } else if self.slots[0].runtime.is_none() {
-            self.start(0).await?;
+        } else {
+            for i in 0..self.slots.len() {
+                if self.slots[i].runtime.is_none() {
+                    self.start(i).await?;
+                }
+            }
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(900);
         let mut operator_restarts = 0;
@@ -767,7 +810,12 @@ impl Sim<'_> {
                 self.sample_running();
                 self.world.lock().check_takeovers();
             }
-            if self.caught_up() && (!multi || self.leadership_settled()) {
+            let settled = if self.shared() {
+                self.shared_settled()
+            } else {
+                !multi || self.leadership_settled()
+            };
+            if self.caught_up() && settled {
                 break;
             }
             for i in 0..self.slots.len() {
@@ -777,7 +825,15 @@ impl Sim<'_> {
                 let Some(reason) = Self::ended_halted(&status) else {
                     continue;
                 };
+                let sibling_runs = (0..self.slots.len()).any(|j| {
+                    j != i
+                        && self
+                            .status(j)
+                            .is_some_and(|s| s.state == StreamState::Running)
+                });
                 match reason {
+                    // The guard did its job: the sibling consumes under the shared checkpoint.
+                    HaltReason::SharedCheckpoint if sibling_runs => continue,
                     HaltReason::Invalidated if self.recreated_after.is_none() => {
                         self.recreate_and_restart().await?;
                         continue 'drain;
@@ -803,6 +859,65 @@ impl Sim<'_> {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         Ok(())
+    }
+
+    /// Crash, restart and graceful restart when two runtimes share one checkpoint: they act on
+    /// the runtime that consumes (holds the guard). After a crash the orchestrator restarts the
+    /// sibling that halted `SharedCheckpoint`, which takes over once the crashed guard expires.
+    async fn shared_step(&mut self, step: &Step) -> Result<(), SimError> {
+        let consumer = self.leader_slot();
+        match step {
+            Step::Crash => {
+                let Some(c) = consumer else {
+                    self.log("no consuming runtime to crash");
+                    return Ok(());
+                };
+                self.crash(c).await;
+                for i in 0..self.slots.len() {
+                    if i != c
+                        && self
+                            .status(i)
+                            .as_ref()
+                            .and_then(Self::ended_halted)
+                            .is_some()
+                    {
+                        self.shutdown(i).await;
+                        self.start(i).await?;
+                    }
+                }
+            }
+            Step::Restart => {
+                if let Some(i) = (0..self.slots.len()).find(|i| self.slots[*i].runtime.is_none()) {
+                    self.start(i).await?;
+                }
+            }
+            _ => {
+                let c = consumer.unwrap_or(0);
+                self.shutdown(c).await;
+                self.start(c).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Shared checkpoint: exactly one runtime consumes, holding the live guard; every other
+    /// runtime that is up halted `SharedCheckpoint`.
+    fn shared_settled(&self) -> bool {
+        let w = self.world.lock();
+        let mut consumers = 0;
+        for (i, slot) in self.slots.iter().enumerate() {
+            if slot.runtime.is_none() {
+                continue;
+            }
+            let status = self.status(i);
+            match status.as_ref().map(|s| s.state) {
+                Some(StreamState::Running) if w.leads(slot.inc) => consumers += 1,
+                _ if status.as_ref().and_then(Self::ended_halted)
+                    == Some(HaltReason::SharedCheckpoint) => {}
+                _ => return false,
+            }
+        }
+        consumers == 1
     }
 
     /// What an operator does after an invalidate (docs/runbooks/invalidate.md): the dropped
@@ -885,6 +1000,24 @@ impl Sim<'_> {
                     format!("after the drain no single instance leads with the others standing by: {states:?}; lease {lease}"),
                 );
             }
+        }
+        if self.shared() && loud_status.is_none() && !self.shared_settled() {
+            let states: Vec<String> = statuses
+                .iter()
+                .map(|(i, s)| {
+                    format!(
+                        "{} #{}: {:?} {:?}",
+                        self.slots[*i].id,
+                        self.slots[*i].inc,
+                        s.state,
+                        s.halt.as_ref().map(|h| h.reason)
+                    )
+                })
+                .collect();
+            self.world.lock().violate(
+                Invariant::Liveness,
+                format!("after the drain no single runtime consumes the shared checkpoint with the other halted SharedCheckpoint: {states:?}"),
+            );
         }
         // Standbys first, so the leader's release does not start a last takeover.
         let mut order: Vec<usize> = (0..self.slots.len())

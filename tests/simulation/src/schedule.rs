@@ -85,6 +85,10 @@ pub struct Settings {
     /// `local.oplog.rs` and without `serverStatus`): an open at the oldest entry is refused
     /// with `OldestUnknown`, so `ResumeFromOplogStart` must halt `HistoryLost`.
     pub oldest_unknown: bool,
+    /// Two runtimes run the stream as `AllInstances` with no configured identity on one
+    /// backend that has a lease store (the default configuration's trap: one checkpoint for
+    /// both): the checkpoint guard must let exactly one of them consume at a time.
+    pub shared_checkpoint: bool,
     /// Retry: attempts in all.
     pub retry_attempts: u32,
     /// Retry: first delay.
@@ -389,6 +393,10 @@ pub struct Schedule {
 
 const STATUSES: [&str; 5] = ["NEW", "PAID", "SHIPPED", "hidden", "quiet"];
 
+/// Percent of single-instance seeds that run two runtimes sharing one checkpoint
+/// (`AllInstances`, no configured identity, a lease store: the checkpoint guard).
+pub const SHARED_CHECKPOINT_PCT: u64 = 25;
+
 /// Percent of seeds that generate a multi-instance schedule.
 pub const MULTI_INSTANCE_PCT: u64 = 30;
 
@@ -479,6 +487,7 @@ impl Schedule {
             behaviour,
             leader: None,
             oldest_unknown: false,
+            shared_checkpoint: false,
         };
         // Drawn from its own generator, so every other draw of the seed stays what it was.
         let mut oldest = SplitMix64::new(mix(seed ^ 0x6F6C_6465_7374_3F21));
@@ -494,6 +503,9 @@ impl Schedule {
         if side.chance(MULTI_INSTANCE_PCT) {
             return Self::generate_multi(seed, r, side, settings, present, initial_keys);
         }
+        // Also from its own generator: the steps stay those of the single-instance schedule.
+        let mut shared = SplitMix64::new(mix(seed ^ 0x7368_6172_6564_2163));
+        settings.shared_checkpoint = shared.chance(SHARED_CHECKPOINT_PCT);
 
         let fault_free = r.chance(15);
         let fault_pct = r.range(8, 30);

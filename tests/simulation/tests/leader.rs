@@ -19,6 +19,7 @@ fn two_leaders() -> Settings {
         resume_strategy: ResumeStrategy::ProcessedFirst,
         on_history_lost: OnHistoryLost::Fail,
         oldest_unknown: false,
+        shared_checkpoint: false,
         retry_attempts: 1,
         retry_delay_ms: 10,
         retry_jitter: false,

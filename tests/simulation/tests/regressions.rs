@@ -22,6 +22,7 @@ fn a_processed_first_replay_keeps_the_stored_last_seen() {
         resume_strategy: ResumeStrategy::ProcessedFirst,
         on_history_lost: OnHistoryLost::Fail,
         oldest_unknown: false,
+        shared_checkpoint: false,
         retry_attempts: 1,
         retry_delay_ms: 10,
         retry_jitter: false,

@@ -1,6 +1,7 @@
 //! What the reliability review found the simulation blind to, now modelled: a source that
-//! cannot tell its oldest retained position (MongoDB without access to `local.oplog.rs`), and
-//! a dropped collection that the operator recreates before restarting the stream. Each has an
+//! cannot tell its oldest retained position (MongoDB without access to `local.oplog.rs`), a
+//! dropped collection that the operator recreates before restarting the stream, and two
+//! `AllInstances` runtimes without a configured identity sharing one checkpoint. Each has an
 //! invariant the generated schedules exercise, and a sabotage the checker catches.
 
 use flowwarden_simulation::{run_seed, Invariant, Sabotage, Schedule, SimOptions, Stats};
@@ -53,6 +54,41 @@ fn the_schedules_reach_an_unknown_oldest_position_and_a_recreated_collection() {
         stats.recreated_read, stats.recreated_after_invalidate,
         "a restart after recreate did not read the new collection: {stats}"
     );
+    assert!(
+        stats.shared_checkpoint_seeds > 0 && stats.shared_checkpoint_halts > 0,
+        "no shared-checkpoint run, or no second runtime halted SharedCheckpoint: {stats}"
+    );
+}
+
+/// Two runtimes share one checkpoint: with the guard, one consumes and the other halts
+/// `SharedCheckpoint`; a crash hands the checkpoint over once the crashed guard expires. Some
+/// shared-checkpoint seed must see such a handover (a second holder of the guard).
+#[test]
+fn a_shared_checkpoint_is_handed_over_after_a_crash() {
+    let handed_over = (0..1_500u64)
+        .filter(|s| Schedule::generate(*s).settings.shared_checkpoint)
+        .take(200)
+        .any(|s| {
+            let out = run_seed(s, &SimOptions::default()).expect("runs");
+            assert!(out.violations.is_empty(), "seed {s}: {:?}", out.violations);
+            out.stats.takeovers > 0 && out.stats.faults.contains_key("crash")
+        });
+    assert!(
+        handed_over,
+        "no shared-checkpoint seed handed the guard over after a crash"
+    );
+}
+
+/// A lease store that grants the checkpoint guard to everyone, as if there were no guard: both
+/// runtimes consume under one checkpoint (the silent-loss trap of the default configuration).
+#[test]
+fn a_guard_granted_to_everyone_is_caught() {
+    let seed = first_caught(Sabotage::GuardForEveryone, Invariant::OneConsumer, 1_500);
+    assert!(
+        seed.is_some(),
+        "GuardForEveryone went unnoticed by invariant 9 for 1,500 seeds"
+    );
+    println!("GuardForEveryone: invariant 9 fails first at seed {seed:?}");
 }
 
 /// The old MongoDB adapter's bug, planted in the simulated source: where the oldest position

@@ -90,7 +90,7 @@ impl StreamHandler for SimHandler {
 
     fn filter(&self, ctx: &ChangeContext<Item>) -> bool {
         let mut w = self.world.lock();
-        if w.settings.leader.is_some() && ctx.attempt() == 1 {
+        if (w.settings.leader.is_some() || w.settings.shared_checkpoint) && ctx.attempt() == 1 {
             if let Some(seq) = token_seq(ctx.resume_token()) {
                 w.check_consumer(self.inc, seq);
             }

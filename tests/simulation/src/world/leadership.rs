@@ -221,7 +221,9 @@ impl WorldState {
             (None, Some(e)) => format!("epoch {e}"),
             _ => "no epoch".into(),
         };
-        if self.lease.is_some() || current.is_some() {
+        // Fencing is the leader's (SingleLeader): a shared checkpoint's writes carry no epoch;
+        // its guard is checked by invariant 9 alone.
+        if self.settings.leader.is_some() && (self.lease.is_some() || current.is_some()) {
             let store = current
                 .map(|l| format!("{} with epoch {}", l.owner, l.epoch))
                 .unwrap_or_else(|| "nobody".into());
@@ -352,7 +354,7 @@ impl WorldState {
         rec: &DeadLetterRecord,
         current: Option<&Lease>,
     ) {
-        if self.lease.is_none() && current.is_none() {
+        if self.settings.leader.is_none() || (self.lease.is_none() && current.is_none()) {
             return;
         }
         let carries = current.is_some_and(|l| {

@@ -424,6 +424,18 @@ impl RecLeases {
     }
 }
 
+/// The guard a sabotaged store grants without looking: every instance "holds" it.
+fn fake_guard(stream: &str, owner: &str, ttl: Duration) -> Lease {
+    Lease {
+        stream: stream.to_owned(),
+        owner: owner.to_owned(),
+        epoch: 1,
+        expires_at: bson::DateTime::from_millis(
+            bson::DateTime::now().timestamp_millis() + ttl.as_millis() as i64,
+        ),
+    }
+}
+
 #[async_trait]
 impl LeaseStore for RecLeases {
     async fn try_acquire(
@@ -445,6 +457,9 @@ impl LeaseStore for RecLeases {
             {
                 return Ok(None);
             }
+            if w.sabotage == Some(Sabotage::GuardForEveryone) && stream.ends_with("#checkpoint") {
+                return Ok(Some(fake_guard(stream, owner, ttl)));
+            }
         }
         let r = LeaseStore::try_acquire(&self.memory, stream, owner, ttl).await;
         if let Ok(Some(l)) = &r {
@@ -462,6 +477,11 @@ impl LeaseStore for RecLeases {
             let w = self.world.lock();
             if w.cut_off.contains(&lease.owner) {
                 return Err(unreachable_lease_store());
+            }
+            if w.sabotage == Some(Sabotage::GuardForEveryone)
+                && lease.stream.ends_with("#checkpoint")
+            {
+                return Ok(Some(fake_guard(&lease.stream, &lease.owner, ttl)));
             }
             if w.sabotage == Some(Sabotage::LyingRenewals) && w.frozen.contains(&lease.owner) {
                 // A broken store: the renewal "succeeds" but the lease is not extended.
