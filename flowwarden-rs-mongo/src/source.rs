@@ -207,17 +207,27 @@ impl ChangeSource for MongoBackend {
         spec: &WatchSpec,
         at: StartAt,
     ) -> Result<Box<dyn ChangeCursor>, SourceError> {
-        let cursor = self.open_cursor(spec, at.clone()).await?;
         if at != StartAt::Now {
-            return Ok(Box::new(cursor));
+            return Ok(Box::new(self.open_cursor(spec, at).await?));
         }
+        // At "now", the first `aggregate` asks for an empty first batch (`batchSize: 0`): its
+        // post-batch token is then the stream's start, which the driver reports only for an
+        // empty first batch. With a non-zero batch size, writes committing while the server
+        // opens the stream arrive in the first batch, no start position is known, and a crash
+        // before the first checkpoint would re-open at a later "now" and skip them.
+        let probe = WatchSpec {
+            batch_size: 0,
+            ..spec.clone()
+        };
+        let cursor = self.open_cursor(&probe, StartAt::Now).await?;
         // Never keep a cursor opened without a start option: when the driver's own resume
         // (after a resumable `getMore` error) has its `aggregate` retried, the retry has lost
         // the cached token and falls back to the original options, a later "now", skipping
         // what came in between. Re-opened `resumeAfter` the initial position, the same retry
         // replays from there instead.
         let Some(initial) = cursor.initial.clone() else {
-            // A non-empty first batch gives no token (see docs/mongodb.md, driver traps).
+            // Only a server that ignores `batchSize: 0` gets here (see docs/mongodb.md).
+            warn!(stream = spec.stream, "the change stream opened at now reported no start position (a non-empty first batch despite batchSize 0); a crash before the first checkpoint may re-open at a later now");
             return Ok(Box::new(cursor));
         };
         drop(cursor);
@@ -242,7 +252,8 @@ impl MongoBackend {
             .client
             .database(db)
             .collection::<Document>(&spec.collection);
-        let mut watch = coll.watch().batch_size(spec.batch_size.max(1));
+        // 0 only for the first open at "now" (see `open`); the runtime never asks for 0.
+        let mut watch = coll.watch().batch_size(spec.batch_size);
         if let Some(f) = full_document(spec.full_document) {
             watch = watch.full_document(f);
         }

@@ -180,6 +180,39 @@ async fn crash_redelivers_the_in_flight_change(t: &Target) {
 }
 
 scenario!(a_crash_before_the_first_checkpoint_does_not_skip_to_a_later_now);
+// Writes that commit while the server opens a stream at "now" arrive in its first batch, and
+// the driver reports no start position for a non-empty first batch. The adapter asks for an
+// empty first batch (`batchSize: 0`), so the start position is known and written before any
+// event: a crash before the first checkpoint replays those writes instead of skipping them.
+scenario!(
+    writes_racing_the_open_at_now_survive_a_crash_before_the_first_checkpoint,
+    emulator_only: "needs writes racing the open on demand"
+);
+async fn writes_racing_the_open_at_now_survive_a_crash_before_the_first_checkpoint(t: &Target) {
+    let d = def("racing-open", |d| {
+        d.checkpoint.save_every_n = 1_000;
+        d.checkpoint.save_interval_secs = 0;
+    });
+    let before = t.emu().head_resume_token();
+    t.insert_ids([1, 2]).await;
+    t.emu().race_writes_since(&before).expect("token");
+    let probe = Probe::new(|_| std::future::pending::<Result<(), HandlerError>>().boxed());
+    let rt = start(t, &probe, d).await;
+    wait_until("1 received", || probe.calls().len() == 1).await;
+    let (seen, _) = t.stored_tokens("racing-open").await;
+    assert!(
+        seen.is_some(),
+        "the start position is stored before any event is settled"
+    );
+    rt.handle().crash().await;
+    t.insert_ids([3]).await;
+    let again = Probe::default();
+    let rt = start(t, &again, d).await;
+    wait_until("1, 2 and 3 handled", || again.successes().len() == 3).await;
+    rt.shutdown().await;
+    assert_eq!(again.handled_keys(), ids(&[1, 2, 3]));
+}
+
 async fn a_crash_before_the_first_checkpoint_does_not_skip_to_a_later_now(t: &Target) {
     // No regular checkpoint can be written before the crash: only the start position, which
     // the runtime writes at once from the cursor's initial post-batch token.

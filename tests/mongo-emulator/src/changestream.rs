@@ -99,6 +99,13 @@ fn invalid_option(field: &str) -> CommandError {
 }
 
 impl ChangeCursor {
+    /// Moves the start of a cursor opened at "now" back to right after `pos` (never before
+    /// the oldest retained entry): the later writes count as committed after the open's start.
+    pub(crate) fn start_after(&mut self, data: &Data, pos: u64) {
+        self.next_pos = (pos + 1).clamp(data.first_pos(), self.next_pos);
+        self.pbrt = data.high_water(self.next_pos - 1).to_document();
+    }
+
     /// Validates the `$changeStream` stage and the stages after it and positions the cursor.
     pub(crate) fn open(
         data: &Data,

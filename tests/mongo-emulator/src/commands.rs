@@ -54,6 +54,9 @@ pub(crate) struct State {
     /// When set, `find` on `local.oplog.rs` fails with 13 Unauthorized, as for a user without
     /// the `find` privilege on the `local` database (common on managed clusters).
     pub(crate) deny_oplog_reads: bool,
+    /// One-shot: the next change stream opened without a start option starts right after this
+    /// oplog position, as if the later writes committed while the server was opening it.
+    pub(crate) open_at_now_after: Option<u64>,
 }
 
 impl State {
@@ -66,6 +69,7 @@ impl State {
             txns: HashMap::new(),
             clock_offset_ms: 0,
             deny_oplog_reads: false,
+            open_at_now_after: None,
         }
     }
 
@@ -1334,7 +1338,15 @@ fn aggregate(st: &mut State, db: &str, body: &Document) -> CmdResult {
                 ))
             }
         };
+        let opened_at_now = !["resumeAfter", "startAfter", "startAtOperationTime"]
+            .iter()
+            .any(|k| spec.contains_key(*k));
         let mut cursor = ChangeCursor::open(&st.data, scope, ns.clone(), spec, &stages[1..])?;
+        if opened_at_now {
+            if let Some(pos) = st.open_at_now_after.take() {
+                cursor.start_after(&st.data, pos);
+            }
+        }
         let first = cursor.read(&st.data, batch.unwrap_or(101))?;
         let id = if cursor.closed { 0 } else { st.new_cursor_id() };
         let pbrt = cursor.pbrt.clone();

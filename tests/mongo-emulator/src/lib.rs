@@ -261,6 +261,18 @@ impl Emulator {
         self.shared.state().deny_oplog_reads = deny;
     }
 
+    /// Makes every write after `token` (a post-batch or event token of this emulator, e.g.
+    /// [`Emulator::head_resume_token`] taken earlier) race the next change stream opened
+    /// without a start option (at "now"): it starts right after `token`, as a real server
+    /// does for writes that commit while it opens the stream, so its first batch carries
+    /// those events (and the driver reports no start position). One-shot.
+    pub fn race_writes_since(&self, token: &Document) -> Result<(), EmulatorError> {
+        let t = Token::parse(&Bson::Document(token.clone()))
+            .map_err(|e| EmulatorError::BadToken(e.errmsg))?;
+        self.shared.state().open_at_now_after = Some(t.pos);
+        Ok(())
+    }
+
     /// Timestamp of the oldest retained oplog entry (what `local.oplog.rs` sorted by
     /// `$natural: 1` returns first).
     pub fn oldest_oplog_time(&self) -> Option<Timestamp> {
