@@ -35,6 +35,8 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 #![warn(unreachable_pub)]
 
+#[cfg(feature = "dedup")]
+mod applied;
 mod classify;
 mod lease;
 mod resumes;
@@ -51,6 +53,8 @@ use mongodb::Client;
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
+#[cfg(feature = "dedup")]
+pub use applied::{MongoApplied, APPLIED, APPLIED_TTL_INDEX};
 pub use classify::{classify, classify_facts, ErrorClass, ErrorFacts};
 pub use lease::LeaseDocument;
 pub use source::{MongoCursor, SPLIT_STAGE};

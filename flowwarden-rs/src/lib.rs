@@ -49,6 +49,8 @@ extern crate self as flowwarden;
 
 mod backend;
 mod context;
+#[cfg(feature = "dedup")]
+pub mod dedup;
 mod definition;
 mod engine;
 mod event;
