@@ -40,7 +40,8 @@ pub struct Envelope<D> {
     pub key: Option<serde_json::Value>,
     /// The event's cluster time (`clusterTime`), when the source reports it.
     pub cluster_time: Option<ClusterTime>,
-    /// The event's wall time as RFC 3339 (millisecond precision), when the source reports it.
+    /// The event's wall time as RFC 3339 in UTC (to the millisecond; no fraction when it is
+    /// zero), when the source reports it.
     pub wall_time: Option<String>,
     /// The payload the mapping function produced.
     pub data: D,
@@ -112,7 +113,7 @@ mod tests {
                 "operation": "insert",
                 "key": {"_id": {"$oid": "65a1b2c3d4e5f60718293a4b"}},
                 "clusterTime": {"t": 1_767_225_600u32, "i": 3},
-                "wallTime": "2026-01-01T00:00:00.250Z",
+                "wallTime": "2026-01-01T00:00:00.25Z",
                 "data": {"total": 12},
             })
         );
