@@ -60,6 +60,8 @@ mod handler_error;
 pub mod matcher;
 #[cfg(feature = "memory")]
 mod memory;
+#[cfg(feature = "nats")]
+pub mod nats;
 pub mod port;
 mod registry;
 mod runtime;
