@@ -59,6 +59,8 @@ pub mod matcher;
 #[cfg(feature = "memory")]
 mod memory;
 pub mod port;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod registry;
 mod runtime;
 mod status;
