@@ -63,6 +63,8 @@ mod memory;
 #[cfg(feature = "nats")]
 pub mod nats;
 pub mod port;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod registry;
 mod runtime;
 mod status;

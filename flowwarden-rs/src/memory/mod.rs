@@ -50,6 +50,8 @@ struct State {
     dead_letters: BTreeMap<String, Document>,
     dead_letter_max_bytes: usize,
     leases: BTreeMap<String, leases::LeaseRecord>,
+    /// The lease store that fences dead-letter puts, when it is not this backend's own.
+    dead_letter_fence: Option<Arc<dyn crate::port::LeaseStore>>,
     faults: faults::FaultState,
 }
 
@@ -79,6 +81,7 @@ impl MemoryBackend {
                     dead_letters: BTreeMap::new(),
                     dead_letter_max_bytes: crate::port::codec::MAX_BSON_RECORD_BYTES,
                     leases: BTreeMap::new(),
+                    dead_letter_fence: None,
                     faults: faults::FaultState::default(),
                 }),
                 appended: Notify::new(),
@@ -110,6 +113,15 @@ impl MemoryBackend {
     /// A collection of a named database.
     pub fn collection_in(&self, db: &str, name: &str) -> MemoryCollection {
         MemoryCollection::new(self.clone(), db, name)
+    }
+
+    /// Fences this backend's dead-letter puts by the leases of `leases` instead of its own, for
+    /// a [`Backend`] whose lease store lives elsewhere (the Redis one, say) while its dead
+    /// letters stay in memory: a put carrying an epoch is then checked against `leases`' current
+    /// lease of the record's stream, before and after it is stored (a put deposed in between
+    /// removes what it stored, as on MongoDB).
+    pub fn fence_dead_letters_by(&self, leases: Arc<dyn crate::port::LeaseStore>) {
+        self.lock().dead_letter_fence = Some(leases);
     }
 
     /// Fault injection (feature `test-util`).

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 
 use super::MemoryBackend;
 use crate::port::codec::{encoded_len, is_claim_only, CLAIMED_AT};
-use crate::port::Fence;
+use crate::port::{check_fence, Fence, LeaseStore};
 use crate::port::{Checkpoint, CheckpointStore};
 use crate::port::{
     DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadLetterStore, PutOutcome,
@@ -81,41 +81,48 @@ impl CheckpointStore for MemoryBackend {
 #[async_trait]
 impl DeadLetterStore for MemoryBackend {
     async fn put(&self, record: &DeadLetterRecord) -> Result<PutOutcome, StoreError> {
-        let mut st = self.lock();
-        if st.faults.dead_letter_put_failures > 0 {
-            st.faults.dead_letter_put_failures -= 1;
-            return Err(unavailable("dead-letter write failed"));
-        }
+        let authority = {
+            let mut st = self.lock();
+            if st.faults.dead_letter_put_failures > 0 {
+                st.faults.dead_letter_put_failures -= 1;
+                return Err(unavailable("dead-letter write failed"));
+            }
+            st.dead_letter_fence.clone()
+        };
         // The same order and merge as the MongoDB store: size first, then the fence; a second
         // put of one id takes the new failure (time, chain, kind) and, when fenced, the new
         // writer's owner and epoch.
         let doc = crate::port::codec::encode_dead_letter(record);
-        if encoded_len(&doc) > st.dead_letter_max_bytes {
-            return Err(StoreError::new(
-                StoreErrorKind::TooLarge,
-                format!(
-                    "dead-letter record '{}' exceeds {} bytes",
-                    record.id, st.dead_letter_max_bytes
-                ),
-            ));
-        }
-        st.check_fence(&record.stream, record.owner.as_deref(), record.epoch)?;
-        if let Some(existing) = st.dead_letters.get_mut(&record.id) {
-            let mut merged = crate::port::codec::decode_dead_letter(existing)?;
-            merged.attempts = merged.attempts.saturating_add(record.attempts);
-            merged.last_failed_at = record.last_failed_at;
-            merged.error_chain = record.error_chain.clone();
-            merged.error_kind = record.error_kind.clone();
-            if record.epoch.is_some() {
-                merged.epoch = record.epoch;
-                merged.owner = record.owner.clone();
+        self.check_dead_letter_size(record, &doc)?;
+        let external = match (&authority, record.epoch) {
+            (Some(leases), Some(epoch)) => {
+                external_fence(&**leases, record, epoch).await?;
+                Some((leases, epoch))
             }
-            merged.status = DeadLetterStatus::Pending;
-            *existing = crate::port::codec::encode_dead_letter(&merged);
-            return Ok(PutOutcome::AlreadyPresent);
+            _ => None,
+        };
+        let outcome = {
+            let mut st = self.lock();
+            if external.is_none() {
+                st.check_fence(&record.stream, record.owner.as_deref(), record.epoch)?;
+            }
+            st.put_dead_letter(record, doc)?
+        };
+        if let (Some((leases, epoch)), PutOutcome::Inserted) = (external, outcome) {
+            // Deposed while storing: take back what was stored, while it is still ours.
+            if let Err(e) = external_fence(&**leases, record, epoch).await {
+                let mut st = self.lock();
+                let ours = st
+                    .dead_letters
+                    .get(&record.id)
+                    .is_some_and(|d| d.get_i64("epoch").ok() == Some(epoch));
+                if ours {
+                    st.dead_letters.remove(&record.id);
+                }
+                return Err(e);
+            }
         }
-        st.dead_letters.insert(record.id.clone(), doc);
-        Ok(PutOutcome::Inserted)
+        Ok(outcome)
     }
 
     async fn list(&self, query: &DeadLetterQuery) -> Result<Vec<DeadLetterRecord>, StoreError> {
@@ -157,5 +164,63 @@ impl DeadLetterStore for MemoryBackend {
 
     fn max_record_bytes(&self) -> usize {
         self.lock().dead_letter_max_bytes
+    }
+}
+
+/// The fence of a dead-letter put against a lease store that is not the backend's own.
+async fn external_fence(
+    leases: &dyn LeaseStore,
+    record: &DeadLetterRecord,
+    epoch: i64,
+) -> Result<(), StoreError> {
+    let current = leases.current(&record.stream).await?;
+    check_fence(
+        &record.stream,
+        current.as_ref().map(|l| (l.owner.as_str(), l.epoch)),
+        record.owner.as_deref(),
+        epoch,
+    )
+}
+
+impl MemoryBackend {
+    fn check_dead_letter_size(
+        &self,
+        record: &DeadLetterRecord,
+        doc: &bson::Document,
+    ) -> Result<(), StoreError> {
+        let max = self.lock().dead_letter_max_bytes;
+        if encoded_len(doc) > max {
+            return Err(StoreError::new(
+                StoreErrorKind::TooLarge,
+                format!("dead-letter record '{}' exceeds {max} bytes", record.id),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl super::State {
+    /// Stores `record` (encoded as `doc`), merging into an existing record of the same id.
+    fn put_dead_letter(
+        &mut self,
+        record: &DeadLetterRecord,
+        doc: bson::Document,
+    ) -> Result<PutOutcome, StoreError> {
+        if let Some(existing) = self.dead_letters.get_mut(&record.id) {
+            let mut merged = crate::port::codec::decode_dead_letter(existing)?;
+            merged.attempts = merged.attempts.saturating_add(record.attempts);
+            merged.last_failed_at = record.last_failed_at;
+            merged.error_chain = record.error_chain.clone();
+            merged.error_kind = record.error_kind.clone();
+            if record.epoch.is_some() {
+                merged.epoch = record.epoch;
+                merged.owner = record.owner.clone();
+            }
+            merged.status = DeadLetterStatus::Pending;
+            *existing = crate::port::codec::encode_dead_letter(&merged);
+            return Ok(PutOutcome::AlreadyPresent);
+        }
+        self.dead_letters.insert(record.id.clone(), doc);
+        Ok(PutOutcome::Inserted)
     }
 }
