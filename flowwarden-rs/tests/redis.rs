@@ -700,3 +700,42 @@ async fn a_single_leader_stream_checkpoints_into_redis_across_a_killed_connectio
     rt.shutdown().await;
     drop_prefix(&mut admin, &prefix).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// The Redis store of the idempotency helper (features `redis` and `dedup`).
+
+#[tokio::test]
+async fn applied_events_are_recorded_once_and_expire_by_the_servers_clock() {
+    use flowwarden::dedup::AppliedStore;
+    let _serial = SERIAL.lock().await;
+    let mut admin = admin().await;
+    let prefix = unique_prefix("applied");
+    let redis = connect(&prefix).await;
+    let store = flowwarden::redis::RedisApplied::new(&redis);
+    assert!(!store.contains("orders:AA").await.expect("reads"));
+    store
+        .record("orders:AA", Duration::from_millis(300))
+        .await
+        .expect("writes");
+    // Recording again is no error and does not extend the record.
+    store
+        .record("orders:AA", Duration::from_secs(3_600))
+        .await
+        .expect("writes again");
+    assert!(store.contains("orders:AA").await.expect("reads"));
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(store.redis_key("orders:AA"))
+        .query_async(&mut admin)
+        .await
+        .expect("PTTL");
+    assert!(
+        (1..=300).contains(&pttl),
+        "Redis expires the record by its own clock within the first TTL: PTTL {pttl}"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        !store.contains("orders:AA").await.expect("reads"),
+        "expired"
+    );
+    drop_prefix(&mut admin, &prefix).await;
+}

@@ -36,12 +36,16 @@
 //! The key layout, the scripts and the client choice are described in
 //! `docs/integrations/redis.md`.
 
+#[cfg(feature = "dedup")]
+mod applied;
 mod checkpoints;
 mod connection;
 mod error;
 mod leases;
 mod scripts;
 
+#[cfg(feature = "dedup")]
+pub use applied::RedisApplied;
 pub use checkpoints::RedisCheckpointStore;
 pub use connection::{RedisConfig, RedisConnectError, RedisConnection};
 pub use leases::RedisLeaseStore;
