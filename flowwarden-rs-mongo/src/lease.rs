@@ -118,7 +118,10 @@ impl MongoBackend {
         owner: Option<&str>,
         epoch: i64,
     ) -> Result<(), StoreError> {
-        let current = LeaseStore::current(self, stream).await?;
+        let current = match &self.fence_leases {
+            Some(leases) => leases.current(stream).await?,
+            None => LeaseStore::current(self, stream).await?,
+        };
         flowwarden::port::check_fence(
             stream,
             current.as_ref().map(|l| (l.owner.as_str(), l.epoch)),

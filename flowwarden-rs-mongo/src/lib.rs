@@ -84,6 +84,9 @@ pub struct MongoBackend {
     pub(crate) indexes: Arc<OnceCell<()>>,
     /// Driver resumes, counted when this crate built the client (`None` for `from_client`).
     pub(crate) resumes: Option<Arc<resumes::DriverResumes>>,
+    /// The lease store whose leases fence this backend's checkpoint and dead-letter writes,
+    /// when it is not this backend's `_fw_locks` (see [`MongoBackend::fenced_by`]).
+    pub(crate) fence_leases: Option<Arc<dyn flowwarden::port::LeaseStore>>,
 }
 
 impl std::fmt::Debug for MongoBackend {
@@ -133,6 +136,7 @@ impl MongoBackend {
             description: format!("MongoDB at {}", redact_uri(uri)),
             indexes: Arc::default(),
             resumes: Some(resumes),
+            fence_leases: None,
         };
         backend.validate().await?;
         info!(server = %redact_uri(uri), database, "using the MongoDB backend");
@@ -149,6 +153,7 @@ impl MongoBackend {
             database,
             indexes: Arc::default(),
             resumes: None,
+            fence_leases: None,
         }
     }
 
@@ -182,6 +187,17 @@ impl MongoBackend {
         } else {
             Err(problems)
         }
+    }
+
+    /// Fences this backend's checkpoint and dead-letter writes by the leases of `leases`
+    /// instead of its own `_fw_locks`: for a `Backend` whose lease store is another one (Redis,
+    /// for example) while checkpoints or dead letters stay in MongoDB. A `SingleLeader`
+    /// stream's fenced writes are checked against the lease its leader holds, so they must be
+    /// checked where that lease lives; without this, every fenced write of such a backend
+    /// would be refused.
+    pub fn fenced_by(mut self, leases: Arc<dyn flowwarden::port::LeaseStore>) -> Self {
+        self.fence_leases = Some(leases);
+        self
     }
 
     /// The driver client.

@@ -248,3 +248,81 @@ async fn a_deposed_leader_cannot_write_a_dead_letter() {
     rt_a.shutdown().await;
     rt_b.shutdown().await;
 }
+
+/// A backend that keeps checkpoints and dead letters in MongoDB but leases elsewhere (here the
+/// in-memory lease store, standing in for Redis): with `fenced_by`, the leader's fenced writes
+/// are checked against the lease it really holds, so it checkpoints and dead-letters; without,
+/// MongoDB finds no lease in `_fw_locks` and refuses them (the stream halts `Fenced`).
+async fn mixed_backend(t: &Target, name: &'static str, fenced_by: bool) -> (Runtime, Probe) {
+    let leases = flowwarden::MemoryBackend::new();
+    let mongo = if fenced_by {
+        t.backend.clone().fenced_by(Arc::new(leases.clone()))
+    } else {
+        t.backend.clone()
+    };
+    let backend = flowwarden::Backend {
+        leases: Some(Arc::new(leases)),
+        ..flowwarden::Backend::from(mongo)
+    };
+    let d = def(name, |d| {
+        d.deployment = Deployment::SingleLeader(FAST);
+        d.retry.max_attempts = 1;
+        d.checkpoint.save_every_n = 1;
+    });
+    let probe = Probe::new(|ctx| {
+        let fail = ctx.document_key().and_then(|k| k.get("_id")) == Some(&Bson::Int32(2));
+        async move {
+            if fail {
+                Err(HandlerError::msg("key 2 always fails"))
+            } else {
+                Ok(())
+            }
+        }
+        .boxed()
+    });
+    let rt = flowwarden::builder()
+        .discover(false)
+        .any_stream(flowwarden::AnyStream::with_definition(probe.clone(), d))
+        .backend(backend)
+        .instance_id("mixed-0")
+        .max_await(Duration::from_millis(150))
+        .start()
+        .await
+        .expect("runtime starts");
+    wait_status(&rt, name, |s| s.state != StreamState::Starting).await;
+    (rt, probe)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mongodb_stores_fenced_by_another_lease_store_checkpoint_and_dead_letter() {
+    let t = Target::emulator().await;
+    let (rt, probe) = mixed_backend(&t, "mixed", true).await;
+    wait_status(&rt, "mixed", |s| s.state == StreamState::Running).await;
+    t.insert_ids([1, 2, 3]).await;
+    wait_until("1 and 3 handled", || probe.successes().len() == 2).await;
+    wait_status(&rt, "mixed", |s| s.counters.dead_lettered == 1).await;
+    let st = rt.handle().status("mixed").expect("stream");
+    rt.shutdown().await;
+    assert!(st.halt.is_none(), "{:?}", st.halt);
+    let cp = checkpoint_doc(&t, "mixed").await;
+    assert_eq!(
+        cp.get_i64("epoch").ok(),
+        Some(1),
+        "fenced by the memory lease: {cp}"
+    );
+    let dead = t
+        .coll("_fw_dlq")
+        .count_documents(doc! {"stream": "mixed"})
+        .await
+        .expect("count");
+    assert_eq!(dead, 1);
+
+    // The same backend without `fenced_by`: MongoDB has no such lease, every fenced write is
+    // refused, and the stream halts loudly instead of writing behind the leader's back.
+    let (rt, _probe) = mixed_backend(&t, "unfenced", false).await;
+    t.insert_ids([4]).await;
+    let st = wait_status(&rt, "unfenced", |s| s.halt.is_some()).await;
+    rt.shutdown().await;
+    assert_eq!(st.halt.map(|h| h.reason), Some(HaltReason::Fenced));
+    t.finish().await;
+}
