@@ -6,6 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::Document;
 
+use super::faults::ReadFault;
 use super::oplog::{self, parse_token, OpKind};
 use super::{MemoryBackend, DEFAULT_AWAIT};
 use crate::definition::{FullDocument, FullDocumentBeforeChange};
@@ -63,10 +64,7 @@ impl ChangeSource for MemoryBackend {
             .clone()
             .unwrap_or_else(|| self.default_database());
         let mut st = self.lock();
-        st.faults.opens += 1;
-        if let Some(e) = st.faults.fail_opens.pop_front() {
-            return Err(e);
-        }
+        let generation = st.faults.on_open()?;
         let first = st.first_retained();
         let head = st.next_seq - 1;
         let after_token = |t: &ResumeToken, allow_invalidate: bool| -> Result<u64, SourceError> {
@@ -97,8 +95,6 @@ impl ChangeSource for MemoryBackend {
             StartAt::Now => (head + 1, Some(oplog::token(head))),
             StartAt::OldestAvailable => (first, Some(oplog::token(first - 1))),
         };
-        let generation = st.faults.open_generation;
-        st.faults.open_generation += 1;
         // Resuming right after a drop or rename of the watched collection (not after its
         // invalidate) yields the invalidate next, as on the server.
         let mut pending = VecDeque::new();
@@ -195,21 +191,22 @@ impl MemoryCursor {
 
     /// Applies injected faults; `Err` ends this read.
     fn faults(&mut self) -> Result<Option<Duration>, SourceError> {
-        let mut st = self.backend.lock();
-        let f = &mut st.faults;
-        if self.generation < f.close_generation {
-            self.generation = u64::MAX;
-            return Err(SourceError::new(
-                SourceErrorKind::Resumable,
-                "cursor killed (injected close)",
-            )
-            .with_code(43));
-        }
-        if let Some(e) = f.fail_reads.pop_front() {
-            return Err(e);
-        }
-        if let Some((gen, n)) = f.rewind {
-            if self.generation < gen {
+        let fault = self.backend.lock().faults.on_read(self.generation);
+        match fault {
+            ReadFault::Proceed(delay) => Ok(delay),
+            #[cfg(feature = "test-util")]
+            ReadFault::Fail(e) => Err(e),
+            #[cfg(feature = "test-util")]
+            ReadFault::Killed(e) => {
+                self.generation = u64::MAX;
+                Err(e)
+            }
+            #[cfg(feature = "test-util")]
+            ReadFault::Rewind {
+                generation,
+                events,
+                delay,
+            } => {
                 // Move back from the first event not yet delivered (scanned events waiting in
                 // `pending` were never seen by the reader: clearing them must not skip them).
                 let undelivered = self
@@ -219,13 +216,13 @@ impl MemoryCursor {
                     .and_then(|t| parse_token(&ResumeToken::from_document(t.clone())))
                     .map(|p| p.seq)
                     .unwrap_or(self.next_seq);
-                self.next_seq = undelivered.saturating_sub(n).max(1);
+                self.next_seq = undelivered.saturating_sub(events).max(1);
                 self.pending.clear();
                 self.closed = false;
-                self.generation = gen;
+                self.generation = generation;
+                Ok(delay)
             }
         }
-        Ok(f.read_delay)
     }
 }
 

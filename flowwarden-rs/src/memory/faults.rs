@@ -1,6 +1,8 @@
-//! Fault injection for the in-memory backend. Every fault is deterministic: it applies to the
-//! next operations of its kind, in order, with no randomness.
+//! Fault injection for the in-memory backend (feature `test-util`; without it there is no fault
+//! state, and the hooks the backend calls answer "no fault"). Every fault is deterministic: it
+//! applies to the next operations of its kind, in order, with no randomness.
 
+#[cfg(feature = "test-util")]
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -10,6 +12,7 @@ use crate::port::SourceError;
 #[cfg(feature = "test-util")]
 use crate::port::SourceErrorKind;
 
+#[cfg(feature = "test-util")]
 #[derive(Debug, Default)]
 pub(crate) struct FaultState {
     pub(crate) fail_reads: VecDeque<SourceError>,
@@ -24,6 +27,126 @@ pub(crate) struct FaultState {
     pub(crate) dead_letter_put_failures: u32,
     pub(crate) frozen_lease_owners: std::collections::BTreeSet<String>,
     pub(crate) opens: u64,
+}
+
+/// Without `test-util` there is no fault state: every hook below answers "no fault".
+#[cfg(not(feature = "test-util"))]
+#[derive(Debug, Default)]
+pub(crate) struct FaultState;
+
+/// What the fault state does to one cursor read.
+pub(crate) enum ReadFault {
+    /// Go on, after this delay if any.
+    Proceed(Option<Duration>),
+    /// Fail the read.
+    #[cfg(feature = "test-util")]
+    Fail(SourceError),
+    /// The cursor was killed: fail this read and every later one.
+    #[cfg(feature = "test-util")]
+    Killed(SourceError),
+    /// Move the cursor back by `events`, to generation `generation`, then go on after `delay`.
+    #[cfg(feature = "test-util")]
+    Rewind {
+        generation: u64,
+        events: u64,
+        delay: Option<Duration>,
+    },
+}
+
+/// The hooks the in-memory backend calls; compiled to constants without `test-util`.
+impl FaultState {
+    /// A cursor opens: the generation it gets, or an injected open failure.
+    pub(crate) fn on_open(&mut self) -> Result<u64, SourceError> {
+        #[cfg(feature = "test-util")]
+        {
+            self.opens += 1;
+            if let Some(e) = self.fail_opens.pop_front() {
+                return Err(e);
+            }
+            self.open_generation += 1;
+            Ok(self.open_generation - 1)
+        }
+        #[cfg(not(feature = "test-util"))]
+        Ok(0)
+    }
+
+    /// A cursor of `generation` reads.
+    pub(crate) fn on_read(&mut self, generation: u64) -> ReadFault {
+        #[cfg(feature = "test-util")]
+        {
+            if generation < self.close_generation {
+                return ReadFault::Killed(
+                    SourceError::new(SourceErrorKind::Resumable, "cursor killed (injected close)")
+                        .with_code(43),
+                );
+            }
+            if let Some(e) = self.fail_reads.pop_front() {
+                return ReadFault::Fail(e);
+            }
+            match self.rewind {
+                Some((gen, events)) if generation < gen => ReadFault::Rewind {
+                    generation: gen,
+                    events,
+                    delay: self.read_delay,
+                },
+                _ => ReadFault::Proceed(self.read_delay),
+            }
+        }
+        #[cfg(not(feature = "test-util"))]
+        {
+            let _ = generation;
+            ReadFault::Proceed(None)
+        }
+    }
+
+    /// Whether this checkpoint load fails.
+    pub(crate) fn checkpoint_load_fails(&mut self) -> bool {
+        #[cfg(feature = "test-util")]
+        if self.checkpoint_load_failures > 0 {
+            self.checkpoint_load_failures -= 1;
+            return true;
+        }
+        false
+    }
+
+    /// Whether this checkpoint save fails.
+    pub(crate) fn checkpoint_save_fails(&mut self) -> bool {
+        #[cfg(feature = "test-util")]
+        if self.checkpoint_save_failures > 0 {
+            self.checkpoint_save_failures -= 1;
+            return true;
+        }
+        false
+    }
+
+    /// How long a checkpoint save takes.
+    pub(crate) fn checkpoint_save_delay(&self) -> Option<Duration> {
+        #[cfg(feature = "test-util")]
+        return self.checkpoint_save_delay;
+        #[cfg(not(feature = "test-util"))]
+        None
+    }
+
+    /// Whether this dead-letter put fails.
+    pub(crate) fn dead_letter_put_fails(&mut self) -> bool {
+        #[cfg(feature = "test-util")]
+        if self.dead_letter_put_failures > 0 {
+            self.dead_letter_put_failures -= 1;
+            return true;
+        }
+        false
+    }
+
+    /// Whether renewals of `owner` are frozen.
+    pub(crate) fn renewal_frozen(&self, owner: &str) -> bool {
+        #[cfg(feature = "test-util")]
+        return self.frozen_lease_owners.contains(owner);
+        #[cfg(not(feature = "test-util"))]
+        {
+            let _ = owner;
+            false
+        }
+    }
 }
 
 /// Injects faults into a [`MemoryBackend`]. Obtained with [`MemoryBackend::faults`]

@@ -90,7 +90,7 @@ impl LeaseStore for MemoryBackend {
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Option<Lease>, StoreError> {
         let now = Instant::now();
         let mut st = self.lock();
-        if st.faults.frozen_lease_owners.contains(&lease.owner) {
+        if st.faults.renewal_frozen(&lease.owner) {
             return Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "lease renewal failed (injected fault)",

@@ -82,7 +82,7 @@ impl MemoryBackend {
                     dead_letter_max_bytes: crate::port::codec::MAX_BSON_RECORD_BYTES,
                     leases: BTreeMap::new(),
                     dead_letter_fence: None,
-                    faults: faults::FaultState::default(),
+                    faults: Default::default(),
                 }),
                 appended: Notify::new(),
                 epoch: tokio::time::Instant::now(),

@@ -23,8 +23,7 @@ impl CheckpointStore for MemoryBackend {
     async fn load(&self, stream: &str) -> Result<Option<Checkpoint>, StoreError> {
         let doc = {
             let mut st = self.lock();
-            if st.faults.checkpoint_load_failures > 0 {
-                st.faults.checkpoint_load_failures -= 1;
+            if st.faults.checkpoint_load_fails() {
                 return Err(unavailable("checkpoint load failed"));
             }
             st.checkpoints.get(stream).cloned()
@@ -41,11 +40,10 @@ impl CheckpointStore for MemoryBackend {
     async fn save(&self, checkpoint: &Checkpoint) -> Result<(), StoreError> {
         let delay = {
             let mut st = self.lock();
-            if st.faults.checkpoint_save_failures > 0 {
-                st.faults.checkpoint_save_failures -= 1;
+            if st.faults.checkpoint_save_fails() {
                 return Err(unavailable("checkpoint write failed"));
             }
-            st.faults.checkpoint_save_delay
+            st.faults.checkpoint_save_delay()
         };
         if let Some(d) = delay {
             tokio::time::sleep(d).await;
@@ -83,8 +81,7 @@ impl DeadLetterStore for MemoryBackend {
     async fn put(&self, record: &DeadLetterRecord) -> Result<PutOutcome, StoreError> {
         let authority = {
             let mut st = self.lock();
-            if st.faults.dead_letter_put_failures > 0 {
-                st.faults.dead_letter_put_failures -= 1;
+            if st.faults.dead_letter_put_fails() {
                 return Err(unavailable("dead-letter write failed"));
             }
             st.dead_letter_fence.clone()
