@@ -47,6 +47,8 @@
 #[allow(unused_extern_crates)]
 extern crate self as flowwarden;
 
+#[cfg(feature = "admin")]
+pub mod admin;
 mod backend;
 mod context;
 #[cfg(feature = "dedup")]

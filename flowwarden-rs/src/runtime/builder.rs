@@ -26,6 +26,9 @@ pub struct Builder {
     pub(super) options: EngineOptions,
     /// Drivers consulted first when no backend is given (see [`Builder::driver`]).
     pub(super) drivers: Vec<&'static dyn BackendDriver>,
+    /// The admin API's address and token as given to the builder (feature `admin`).
+    #[cfg(feature = "admin")]
+    pub(super) admin: crate::admin::AdminSettings,
 }
 
 impl Default for Builder {
@@ -45,6 +48,8 @@ impl Builder {
             without_dead_letters: false,
             instance: None,
             drivers: Vec::new(),
+            #[cfg(feature = "admin")]
+            admin: crate::admin::AdminSettings::default(),
             options: EngineOptions {
                 shutdown_timeout: Duration::from_secs(30),
                 batch_size: 256,
@@ -171,6 +176,24 @@ impl Builder {
         self
     }
 
+    /// Serves the HTTP admin API and `/metrics` on `addr` (feature `admin`; see
+    /// `docs/operations.md`). Without this, `FLOWWARDEN_ADMIN_ADDR` is read at
+    /// [`Builder::start`]; with neither, nothing is served. Port 0 binds a free port
+    /// ([`RuntimeHandle::admin_addr`] tells which).
+    #[cfg(feature = "admin")]
+    pub fn admin(mut self, addr: std::net::SocketAddr) -> Self {
+        self.admin.addr = Some(addr);
+        self
+    }
+
+    /// The bearer token the admin API's mutating endpoints require (feature `admin`; default
+    /// `FLOWWARDEN_ADMIN_TOKEN`). Without a token they answer 403.
+    #[cfg(feature = "admin")]
+    pub fn admin_token(mut self, token: impl Into<String>) -> Self {
+        self.admin.token = Some(token.into());
+        self
+    }
+
     /// Validates everything and starts the enabled, auto-start streams.
     pub async fn start(mut self) -> Result<Runtime, StartupError> {
         let streams = self.collect_streams()?;
@@ -187,6 +210,18 @@ impl Builder {
             log_warnings(s.definition(), &backend, &instance);
         }
         let handle = RuntimeHandle::new(Inner::new(streams, backend, self.options, instance));
+        #[cfg(feature = "admin")]
+        if let Some(served) = crate::admin::launch(&handle, self.admin)
+            .await
+            .map_err(|e| StartupError {
+                problems: vec![e.to_string()],
+            })?
+        {
+            match handle.inner.admin.lock() {
+                Ok(mut g) => *g = Some(served),
+                Err(poisoned) => *poisoned.into_inner() = Some(served),
+            }
+        }
         for status in handle.streams() {
             let def = handle.definition(status.name);
             if def.is_some_and(|d| d.enabled && d.auto_start) {

@@ -145,6 +145,23 @@ impl RuntimeHandle {
         self.inner.crash().await;
     }
 
+    /// The address the admin API listens on (feature `admin`), or `None` when it is not served
+    /// (neither [`crate::Builder::admin`] nor `FLOWWARDEN_ADMIN_ADDR` asked for it). Useful
+    /// after binding port 0.
+    #[cfg(feature = "admin")]
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        match self.inner.admin.lock() {
+            Ok(g) => g.as_ref().map(|(addr, _)| *addr),
+            Err(poisoned) => poisoned.into_inner().as_ref().map(|(addr, _)| *addr),
+        }
+    }
+
+    /// A receiver that turns `true` once shutdown is requested (the admin server stops then).
+    #[cfg(feature = "admin")]
+    pub(crate) fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.inner.shutdown.subscribe()
+    }
+
     /// The dead-letter operations of this runtime.
     pub fn dead_letters(&self) -> DeadLetters {
         DeadLetters::new(self.clone())

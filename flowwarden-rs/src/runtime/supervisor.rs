@@ -37,6 +37,9 @@ pub(super) struct Inner {
     /// Notified whenever a stream task ends.
     pub(super) exited: Notify,
     instance: InstanceId,
+    /// The admin API's bound address and server task (feature `admin`), when it is served.
+    #[cfg(feature = "admin")]
+    pub(super) admin: Mutex<Option<(std::net::SocketAddr, JoinHandle<()>)>>,
 }
 
 impl Inner {
@@ -67,6 +70,8 @@ impl Inner {
             shutdown: watch::channel(false).0,
             exited: Notify::new(),
             instance,
+            #[cfg(feature = "admin")]
+            admin: Mutex::new(None),
         })
     }
 
@@ -184,6 +189,8 @@ impl Inner {
                 }
             }
         }
+        #[cfg(feature = "admin")]
+        self.stop_admin().await;
         info!("flowwarden shut down");
     }
 
@@ -199,6 +206,35 @@ impl Inner {
         for task in tasks {
             task.abort();
             let _ = task.await;
+        }
+        #[cfg(feature = "admin")]
+        if let Some((_, task)) = self.take_admin() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    #[cfg(feature = "admin")]
+    fn take_admin(&self) -> Option<(std::net::SocketAddr, JoinHandle<()>)> {
+        match self.admin.lock() {
+            Ok(mut g) => g.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        }
+    }
+
+    /// Waits for the admin server, which stops on the shutdown signal after answering the
+    /// requests in progress; aborts it after a few seconds.
+    #[cfg(feature = "admin")]
+    async fn stop_admin(&self) {
+        if let Some((addr, task)) = self.take_admin() {
+            let abort = task.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .is_err()
+            {
+                error!(%addr, "admin API did not stop within 5 s; aborting it");
+                abort.abort();
+            }
         }
     }
 

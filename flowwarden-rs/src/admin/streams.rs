@@ -1,0 +1,205 @@
+//! Streams: status, counters, halt and definition; stop, start and restart.
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::Json;
+use serde::Serialize;
+
+use super::error::ApiError;
+use super::router::AppState;
+use crate::definition::{Deployment, StreamDefinition};
+use crate::runtime::{ControlError, RuntimeHandle};
+use crate::status::{StreamCounters, StreamState, StreamStatus};
+
+/// The JSON spelling of a state.
+pub(crate) fn state_name(state: StreamState) -> &'static str {
+    match state {
+        StreamState::Starting => "starting",
+        StreamState::Running => "running",
+        StreamState::Resuming => "resuming",
+        StreamState::Standby => "standby",
+        StreamState::Stopped => "stopped",
+        StreamState::HistoryLost => "history_lost",
+    }
+}
+
+/// A date as RFC 3339 (milliseconds since the epoch if it is out of that format's range).
+pub(crate) fn date(d: bson::DateTime) -> String {
+    d.try_to_rfc3339_string()
+        .unwrap_or_else(|_| d.timestamp_millis().to_string())
+}
+
+#[derive(Serialize)]
+struct HaltView {
+    reason: String,
+    message: String,
+    runbook: &'static str,
+}
+
+#[derive(Serialize)]
+struct CountersView {
+    received: u64,
+    handled: u64,
+    filtered: u64,
+    unrouted: u64,
+    retried: u64,
+    dead_lettered: u64,
+    skipped: u64,
+    redelivered: u64,
+    restarts: u64,
+    history_lost: u64,
+    checkpoints_saved: u64,
+    checkpoint_failures: u64,
+}
+
+impl From<StreamCounters> for CountersView {
+    fn from(c: StreamCounters) -> Self {
+        Self {
+            received: c.received,
+            handled: c.handled,
+            filtered: c.filtered,
+            unrouted: c.unrouted,
+            retried: c.retried,
+            dead_lettered: c.dead_lettered,
+            skipped: c.skipped,
+            redelivered: c.redelivered,
+            restarts: c.restarts,
+            history_lost: c.history_lost,
+            checkpoints_saved: c.checkpoints_saved,
+            checkpoint_failures: c.checkpoint_failures,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct DeploymentView {
+    mode: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_secs: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    renew_secs: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    standby_poll_secs: Option<u64>,
+}
+
+impl From<Deployment> for DeploymentView {
+    fn from(d: Deployment) -> Self {
+        match d {
+            Deployment::AllInstances => Self {
+                mode: "all_instances",
+                lease_secs: None,
+                renew_secs: None,
+                standby_poll_secs: None,
+            },
+            Deployment::SingleLeader(l) => Self {
+                mode: "single_leader",
+                lease_secs: Some(l.lease_secs),
+                renew_secs: Some(l.renew_secs),
+                standby_poll_secs: Some(l.standby_poll_secs),
+            },
+        }
+    }
+}
+
+/// One stream as the API shows it.
+#[derive(Serialize)]
+pub(crate) struct StreamView {
+    name: &'static str,
+    state: &'static str,
+    last_event_at: Option<String>,
+    halt: Option<HaltView>,
+    counters: CountersView,
+    /// `null`: the backend's default database.
+    database: Option<&'static str>,
+    collection: Option<&'static str>,
+    enabled: Option<bool>,
+    auto_start: Option<bool>,
+    deployment: Option<DeploymentView>,
+}
+
+impl StreamView {
+    fn new(status: StreamStatus, def: Option<&'static StreamDefinition>) -> Self {
+        Self {
+            name: status.name,
+            state: state_name(status.state),
+            last_event_at: status.last_event_at.map(date),
+            halt: status.halt.map(|h| HaltView {
+                reason: format!("{:?}", h.reason),
+                message: h.message,
+                runbook: h.runbook,
+            }),
+            counters: status.counters.into(),
+            database: def.and_then(|d| d.database),
+            collection: def.map(|d| d.collection),
+            enabled: def.map(|d| d.enabled),
+            auto_start: def.map(|d| d.auto_start),
+            deployment: def.map(|d| d.deployment.into()),
+        }
+    }
+}
+
+fn view(handle: &RuntimeHandle, name: &str) -> Result<StreamView, ApiError> {
+    let status = handle
+        .status(name)
+        .ok_or_else(|| ControlError::UnknownStream(name.into()))?;
+    Ok(StreamView::new(status, handle.definition(name)))
+}
+
+/// The `{name}` of a path, or a 400 saying why it is not one.
+pub(crate) fn path_param(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    path.map(|Path(p)| p)
+        .map_err(|e| ApiError::BadRequest(format!("malformed path: {}", e.body_text())))
+}
+
+/// `GET /streams`: every stream, by name.
+pub(crate) async fn list(State(state): State<AppState>) -> Json<Vec<StreamView>> {
+    let handle = &state.handle;
+    Json(
+        handle
+            .streams()
+            .into_iter()
+            .map(|s| {
+                let def = handle.definition(s.name);
+                StreamView::new(s, def)
+            })
+            .collect(),
+    )
+}
+
+/// `GET /streams/{name}`.
+pub(crate) async fn get_one(
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<StreamView>, ApiError> {
+    Ok(Json(view(&state.handle, &path_param(name)?)?))
+}
+
+/// `POST /streams/{name}/stop`: stops gracefully and answers once it has stopped.
+pub(crate) async fn stop(
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<StreamView>, ApiError> {
+    let name = path_param(name)?;
+    state.handle.stop(&name).await?;
+    Ok(Json(view(&state.handle, &name)?))
+}
+
+/// `POST /streams/{name}/start`: starts a stopped stream; answers at once (state `starting`).
+pub(crate) async fn start(
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<StreamView>, ApiError> {
+    let name = path_param(name)?;
+    state.handle.start(&name)?;
+    Ok(Json(view(&state.handle, &name)?))
+}
+
+/// `POST /streams/{name}/restart`: stops gracefully, then starts.
+pub(crate) async fn restart(
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<StreamView>, ApiError> {
+    let name = path_param(name)?;
+    state.handle.restart(&name).await?;
+    Ok(Json(view(&state.handle, &name)?))
+}
