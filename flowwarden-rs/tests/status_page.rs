@@ -1,8 +1,8 @@
 //! The status page (`GET /` of the admin API) in a real headless Chromium, driven over WebDriver
-//! (chromedriver, spoken to with hyper): a runtime on the in-memory backend with a running stream
-//! and a failing one that produced a dead letter; the page shows both, refuses a button without
-//! the token (showing the API's message), stops the running stream and discards the dead letter
-//! with it. A screenshot is saved under `target/test-artifacts/status-page.png`.
+//! (chromedriver, spoken to with hyper): a runtime on the in-memory backend with a running stream,
+//! a failing one that produced a dead letter and a halted one; the page shows them (with the halt
+//! and its runbook) and the dead letter, refuses a button without the token (showing the API's
+//! message), stops the running stream and discards the dead letter with it. A screenshot is saved under `target/test-artifacts/status-page.png`.
 //!
 //! Needs `chromium` and `chromedriver` (Debian: `apt-get install chromium chromium-driver`;
 //! `.ci/run` installs them); without them the test fails, it never skips.
@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use bson::doc;
 use flowwarden::port::{DeadLetterQuery, DeadLetterStatus};
 use flowwarden::{AnyStream, HandlerError, MemoryBackend, Runtime, StreamState};
 use futures::FutureExt;
@@ -324,17 +325,26 @@ fn artifact_dir() -> PathBuf {
     target.join("test-artifacts")
 }
 
-/// A runtime with a running stream (`healthy`) and a failing one (`failing`) that dead-lettered
-/// one event, both on the `orders` collection, with the admin API on a free port and the token.
+/// A runtime with a running stream (`healthy`), a failing one (`failing`) that dead-lettered one
+/// event, both on the `orders` collection, and a halted one (`scarred`), with the admin API on a
+/// free port and the token.
 async fn runtime(backend: &MemoryBackend, healthy: &Probe) -> Runtime {
     let failing = Probe::new(|_| async { Err(HandlerError::msg("payment service down")) }.boxed());
     let failing_def = def("failing", |d| d.retry.max_attempts = 1);
+    // A checkpoint that is not a token: `scarred` halts at startup (CorruptCheckpoint).
+    backend.put_checkpoint_document(
+        "scarred",
+        doc! {"_id": "scarred", "lastSeenToken": 42, "updatedAt": bson::DateTime::now()},
+    );
+    let scarred_def = def("scarred", |_| {});
     let rt = start_with(backend, healthy, def("healthy", |_| {}), |b| {
         b.admin("127.0.0.1:0".parse().unwrap())
             .admin_token(TOKEN)
             .any_stream(AnyStream::with_definition(failing, failing_def))
+            .any_stream(AnyStream::with_definition(Probe::default(), scarred_def))
     })
     .await;
+    wait_status(&rt, "scarred", |s| s.halt.is_some()).await;
     wait_status(&rt, "failing", |s| s.state == StreamState::Running).await;
     insert_ids(backend, [1]);
     wait_status(&rt, "failing", |s| s.counters.dead_lettered == 1).await;
@@ -387,6 +397,28 @@ async fn the_status_page_shows_the_streams_and_dead_letters_and_its_buttons_work
             .await
             .as_deref(),
         Some("running")
+    );
+    assert_eq!(
+        driver
+            .attribute_of("[data-testid=\"state-scarred\"]", "data-state")
+            .await
+            .as_deref(),
+        Some("stopped")
+    );
+    let halt = driver
+        .text_of("[data-testid=\"halt-scarred\"]")
+        .await
+        .unwrap_or_default();
+    assert!(
+        halt.starts_with("CorruptCheckpoint: ") && halt.contains("scarred"),
+        "{halt}"
+    );
+    assert_eq!(
+        driver
+            .text_of("[data-testid=\"runbook-scarred\"]")
+            .await
+            .as_deref(),
+        Some("docs/runbooks/corrupt-checkpoint.md")
     );
     let healthy_row = driver
         .text_of("[data-testid=\"stream-healthy\"]")
