@@ -8,7 +8,8 @@
 //! Every route is in [`routes()`] and in the OpenAPI document served at `/openapi.json`:
 //! health (`/health/live`, `/health/ready`), streams (`/streams`, `/streams/{name}` and its
 //! `stop` / `start` / `restart`), dead letters (`/dead-letters`, `/dead-letters/{id}` and its
-//! `replay` / `discard`) and `/metrics`. The API is built on [`crate::RuntimeHandle`] and
+//! `replay` / `discard`), `/metrics`, and the live status page at `/` (one self-contained HTML
+//! page polling the JSON API). The API is built on [`crate::RuntimeHandle`] and
 //! [`crate::DeadLetters`] only. Mutating routes require `Authorization: Bearer <token>` with the
 //! token of [`crate::Builder::admin_token`] or [`ADMIN_TOKEN_VAR`]; without a configured token
 //! they answer 403. Errors are JSON: `{"error": "...", "code": "..."}`.
@@ -26,6 +27,7 @@ mod metrics;
 mod openapi;
 mod router;
 mod server;
+mod status_page;
 mod streams;
 
 pub use error::AdminError;

@@ -12,7 +12,7 @@ use axum::Router;
 use tracing::{debug, info};
 
 use super::error::ApiError;
-use super::{auth, dead_letters, health, metrics, openapi, streams};
+use super::{auth, dead_letters, health, metrics, openapi, status_page, streams};
 use crate::runtime::RuntimeHandle;
 
 /// What every request handler shares.
@@ -40,6 +40,7 @@ enum Endpoint {
     DiscardDeadLetter,
     Metrics,
     OpenApi,
+    StatusPage,
 }
 
 /// One route of the admin API.
@@ -97,6 +98,7 @@ static ROUTES: &[Route] = &[
     Route::post("/dead-letters/{id}/discard", Endpoint::DiscardDeadLetter),
     Route::get("/metrics", Endpoint::Metrics),
     Route::get("/openapi.json", Endpoint::OpenApi),
+    Route::get("/", Endpoint::StatusPage),
 ];
 
 /// Every route the admin API serves; the router is built from this list, and the OpenAPI
@@ -120,6 +122,7 @@ fn handler(endpoint: Endpoint) -> MethodRouter<AppState> {
         Endpoint::DiscardDeadLetter => post(dead_letters::discard),
         Endpoint::Metrics => get(metrics::render),
         Endpoint::OpenApi => get(openapi::document),
+        Endpoint::StatusPage => get(status_page::page),
     }
 }
 
