@@ -6,29 +6,11 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bson::{doc, Bson, Document};
+use bson::{doc, Document};
 use flowwarden::dedup::{AppliedStore, Idempotency};
-use flowwarden::HandlerError;
 use flowwarden_rs_mongo::{MongoApplied, APPLIED, APPLIED_TTL_INDEX};
-use futures::{FutureExt, TryStreamExt};
+use futures::TryStreamExt;
 use support::*;
-
-fn applying(dedup: &Idempotency, effects: &Arc<Mutex<Vec<Bson>>>) -> Probe {
-    let (dedup, effects) = (dedup.clone(), effects.clone());
-    Probe::new(move |ctx| {
-        let (dedup, effects) = (dedup.clone(), effects.clone());
-        async move {
-            dedup
-                .once(&ctx, || async {
-                    let key = ctx.document_key().and_then(|k| k.get("_id")).cloned();
-                    effects.lock().unwrap().extend(key);
-                    Ok::<(), HandlerError>(())
-                })
-                .await
-        }
-        .boxed()
-    })
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redelivered_event_is_applied_once_across_a_crash() {
@@ -39,7 +21,7 @@ async fn a_redelivered_event_is_applied_once_across_a_crash() {
     });
     let dedup = Idempotency::new(MongoApplied::new(&t.backend), Duration::from_secs(3_600));
     let effects = Arc::new(Mutex::new(Vec::new()));
-    let probe = applying(&dedup, &effects);
+    let probe = flowwarden_testkit::applying_once(&dedup, &effects);
     let rt = start(&t, &probe, d).await;
     t.insert_ids([1, 2]).await;
     wait_until("2 handled", || probe.successes().len() == 2).await;
@@ -47,7 +29,7 @@ async fn a_redelivered_event_is_applied_once_across_a_crash() {
 
     // A new process: a new Idempotency over the same collection.
     let dedup = Idempotency::new(MongoApplied::new(&t.backend), Duration::from_secs(3_600));
-    let again = applying(&dedup, &effects);
+    let again = flowwarden_testkit::applying_once(&dedup, &effects);
     let rt = start(&t, &again, d).await;
     wait_until("2 redelivered and settled", || again.successes().len() == 2).await;
     rt.shutdown().await;

@@ -28,24 +28,6 @@ fn skipped(snapshotter: &metrics_util::debugging::Snapshotter) -> u64 {
         .sum()
 }
 
-/// A handler whose effect appends the document key to `effects`, through `dedup.once`.
-fn applying(dedup: &Idempotency, effects: &Arc<Mutex<Vec<Bson>>>) -> Probe {
-    let (dedup, effects) = (dedup.clone(), effects.clone());
-    Probe::new(move |ctx| {
-        let (dedup, effects) = (dedup.clone(), effects.clone());
-        async move {
-            dedup
-                .once(&ctx, || async {
-                    let key = ctx.document_key().and_then(|k| k.get("_id")).cloned();
-                    effects.lock().unwrap().extend(key);
-                    Ok::<(), HandlerError>(())
-                })
-                .await
-        }
-        .boxed()
-    })
-}
-
 #[test]
 fn a_redelivered_event_is_applied_once_and_the_skip_is_counted() {
     let recorder = DebuggingRecorder::new();
@@ -65,13 +47,13 @@ fn a_redelivered_event_is_applied_once_and_the_skip_is_counted() {
             });
             let dedup = Idempotency::in_memory(Duration::from_secs(3_600));
             let effects = Arc::new(Mutex::new(Vec::new()));
-            let probe = applying(&dedup, &effects);
+            let probe = flowwarden_testkit::applying_once(&dedup, &effects);
             let rt = start(&backend, &probe, d).await;
             insert_ids(&backend, [1, 2, 3]);
             wait_until("3 handled", || probe.successes().len() == 3).await;
             rt.handle().crash().await;
 
-            let again = applying(&dedup, &effects);
+            let again = flowwarden_testkit::applying_once(&dedup, &effects);
             let rt = start(&backend, &again, d).await;
             wait_until("3 redelivered and settled", || again.successes().len() == 3).await;
             let st = rt.handle().status("deduped").unwrap();

@@ -271,3 +271,28 @@ pub fn init_logs() {
             .try_init();
     }
 }
+
+/// A probe whose effect appends the event's document `_id` to `effects`, applied through
+/// `dedup.once` (so an event applied before is skipped, and one whose effect failed is not).
+pub fn applying_once(
+    dedup: &flowwarden::dedup::Idempotency,
+    effects: &Arc<Mutex<Vec<Bson>>>,
+) -> Probe {
+    let (dedup, effects) = (dedup.clone(), effects.clone());
+    Probe::new(move |ctx| {
+        let (dedup, effects) = (dedup.clone(), effects.clone());
+        async move {
+            dedup
+                .once(&ctx, || async {
+                    let key = ctx.document_key().and_then(|k| k.get("_id")).cloned();
+                    effects
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .extend(key);
+                    Ok::<(), HandlerError>(())
+                })
+                .await
+        }
+        .boxed()
+    })
+}
