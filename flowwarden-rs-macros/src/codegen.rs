@@ -230,6 +230,14 @@ fn definition(s: &Stream) -> TokenStream {
             quote!(#p::Deployment::SingleLeader(#lease))
         }
     };
+    let c = &s.concurrency;
+    let concurrency = config(
+        quote!(#p::ConcurrencyConfig),
+        vec![
+            ("concurrency", c.concurrency.map(lit_u32)),
+            ("max_in_flight", c.max_in_flight.map(lit_u32)),
+        ],
+    );
     let _ = self_ty;
     quote! {
         fn definition() -> &'static #p::StreamDefinition {
@@ -246,6 +254,7 @@ fn definition(s: &Stream) -> TokenStream {
                 retry: #retry,
                 restart: #restart,
                 deployment: #deployment,
+                concurrency: #concurrency,
                 source: #p::SourceLocation {
                     file: ::core::file!(),
                     line: ::core::line!(),

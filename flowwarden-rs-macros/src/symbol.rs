@@ -44,6 +44,8 @@ pub(crate) const DEPLOYMENT: &str = "deployment";
 pub(crate) const LEASE_SECS: &str = "lease_secs";
 pub(crate) const RENEW_SECS: &str = "renew_secs";
 pub(crate) const STANDBY_POLL_SECS: &str = "standby_poll_secs";
+pub(crate) const CONCURRENCY: &str = "concurrency";
+pub(crate) const MAX_IN_FLIGHT: &str = "max_in_flight";
 
 pub(crate) const CHANGE_STREAM_KEYS: &[&str] = &[
     NAME,
@@ -58,6 +60,8 @@ pub(crate) const CHANGE_STREAM_KEYS: &[&str] = &[
     LEASE_SECS,
     RENEW_SECS,
     STANDBY_POLL_SECS,
+    CONCURRENCY,
+    MAX_IN_FLIGHT,
     CRATE,
 ];
 

@@ -32,6 +32,8 @@ pub struct StreamDefinition {
     pub restart: RestartConfig,
     /// How the stream runs when several instances of the service run.
     pub deployment: Deployment,
+    /// How many events of the stream may be handled at once (keyed concurrency).
+    pub concurrency: ConcurrencyConfig,
     /// Where the definition was written, for startup reports.
     pub source: SourceLocation,
 }
@@ -315,5 +317,49 @@ mod tests {
         assert_eq!(r.delay(1), Duration::from_secs(1));
         assert_eq!(r.delay(2), Duration::from_secs(2));
         assert_eq!(r.delay(100), Duration::from_secs(60));
+    }
+}
+
+/// Keyed concurrency inside one stream: `#[change_stream(concurrency = N, max_in_flight = M)]`.
+///
+/// With `concurrency = 1` (the default) events are handled one at a time, in stream order. With
+/// `N > 1` up to `N` handlers run at once; events with the same key (the whole `documentKey`)
+/// run one at a time in stream order, and an event without a document key (`drop`, `rename`,
+/// `dropDatabase`, `invalidate`, unknown types) is a barrier: everything before it settles
+/// first, nothing after it starts before it settles. At most `max_in_flight` events are received
+/// and not yet settled; the reader waits beyond that. See `docs/how-it-works.md`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConcurrencyConfig {
+    /// Handlers running at once, at least 1.
+    pub concurrency: u32,
+    /// Events received but not settled, at most; 0 means the default, 4 x `concurrency`.
+    pub max_in_flight: u32,
+}
+
+impl ConcurrencyConfig {
+    /// One event at a time (FlowWarden's behaviour).
+    pub const DEFAULT: ConcurrencyConfig = ConcurrencyConfig {
+        concurrency: 1,
+        max_in_flight: 0,
+    };
+
+    /// Handlers running at once (at least 1).
+    pub fn concurrency(&self) -> usize {
+        self.concurrency.max(1) as usize
+    }
+
+    /// The bound on received but unsettled events (at least `concurrency`).
+    pub fn max_in_flight(&self) -> usize {
+        let n = self.concurrency();
+        match self.max_in_flight {
+            0 => n.saturating_mul(4),
+            m => (m as usize).max(n),
+        }
+    }
+}
+
+impl Default for ConcurrencyConfig {
+    fn default() -> Self {
+        Self::DEFAULT
     }
 }

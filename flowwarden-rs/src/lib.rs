@@ -78,9 +78,9 @@ pub mod __private;
 pub use backend::Backend;
 pub use context::{ChangeContext, DecodeError, EventId};
 pub use definition::{
-    CheckpointConfig, Deployment, FullDocument, FullDocumentBeforeChange, LeaseConfig,
-    OnHistoryLost, RestartConfig, ResumeStrategy, RetryConfig, SourceLocation, StartPosition,
-    StreamDefinition,
+    CheckpointConfig, ConcurrencyConfig, Deployment, FullDocument, FullDocumentBeforeChange,
+    LeaseConfig, OnHistoryLost, RestartConfig, ResumeStrategy, RetryConfig, SourceLocation,
+    StartPosition, StreamDefinition,
 };
 pub use engine::AnyStream;
 pub use event::{

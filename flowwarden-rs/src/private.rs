@@ -10,9 +10,9 @@ pub use ::std;
 
 pub use crate::context::ChangeContext;
 pub use crate::definition::{
-    CheckpointConfig, Deployment, FullDocument, FullDocumentBeforeChange, LeaseConfig,
-    OnHistoryLost, RestartConfig, ResumeStrategy, RetryConfig, SourceLocation, StartPosition,
-    StreamDefinition,
+    CheckpointConfig, ConcurrencyConfig, Deployment, FullDocument, FullDocumentBeforeChange,
+    LeaseConfig, OnHistoryLost, RestartConfig, ResumeStrategy, RetryConfig, SourceLocation,
+    StartPosition, StreamDefinition,
 };
 pub use crate::engine::AnyStream;
 pub use crate::event::OperationType;

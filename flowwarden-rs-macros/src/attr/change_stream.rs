@@ -25,6 +25,8 @@ pub(crate) struct ChangeStreamArgs {
     pub(crate) lease_secs: Option<Spanned<u64>>,
     pub(crate) renew_secs: Option<Spanned<u64>>,
     pub(crate) standby_poll_secs: Option<Spanned<u64>>,
+    pub(crate) concurrency: Option<Spanned<u32>>,
+    pub(crate) max_in_flight: Option<Spanned<u32>>,
     /// Every key written (valid spelling, not repeated), even when its value was rejected.
     pub(crate) written: Vec<&'static str>,
 }
@@ -84,6 +86,8 @@ impl ChangeStreamArgs {
                 STANDBY_POLL_SECS => {
                     out.standby_poll_secs = value::integer::<u64>(cx, &arg, "5");
                 }
+                CONCURRENCY => out.concurrency = value::integer::<u32>(cx, &arg, "8"),
+                MAX_IN_FLIGHT => out.max_in_flight = value::integer::<u32>(cx, &arg, "32"),
                 _ => unreachable!("key {key} accepted but not read"),
             }
         }

@@ -139,6 +139,7 @@ mod tests {
             retry: RetryConfig::DEFAULT,
             restart: RestartConfig::DEFAULT,
             deployment: crate::definition::Deployment::AllInstances,
+            concurrency: crate::ConcurrencyConfig::DEFAULT,
             source: SourceLocation { file: "f", line: 1 },
         }
     }

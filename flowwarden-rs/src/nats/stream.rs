@@ -37,6 +37,7 @@ impl<T: DeserializeOwned + Send + Sync + 'static> StreamHandler for BridgeStream
             retry: RetryConfig::DEFAULT,
             restart: RestartConfig::DEFAULT,
             deployment: Deployment::AllInstances,
+            concurrency: crate::ConcurrencyConfig::DEFAULT,
             source: SourceLocation {
                 file: file!(),
                 line: line!(),

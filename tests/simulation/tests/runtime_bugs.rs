@@ -35,6 +35,7 @@ static DEF: StreamDefinition = StreamDefinition {
         max_delay_ms: 1_000,
     },
     deployment: flowwarden::Deployment::AllInstances,
+    concurrency: flowwarden::ConcurrencyConfig::DEFAULT,
     source: SourceLocation {
         file: file!(),
         line: line!(),

@@ -157,6 +157,7 @@ pub static PROBE_DEF: StreamDefinition = StreamDefinition {
     retry: RetryConfig::DEFAULT,
     restart: RestartConfig::DEFAULT,
     deployment: flowwarden::Deployment::AllInstances,
+    concurrency: flowwarden::ConcurrencyConfig::DEFAULT,
     source: SourceLocation {
         file: file!(),
         line: line!(),

@@ -45,6 +45,7 @@ pub(crate) static DEFAULT_DEF: StreamDefinition = StreamDefinition {
     retry: flowwarden::RetryConfig::DEFAULT,
     restart: flowwarden::RestartConfig::DEFAULT,
     deployment: flowwarden::Deployment::AllInstances,
+    concurrency: flowwarden::ConcurrencyConfig::DEFAULT,
     source: flowwarden::SourceLocation {
         file: file!(),
         line: line!(),

@@ -19,6 +19,12 @@ use crate::naming;
 use crate::sig::{self, HandlerSig, HookSig};
 use crate::symbol;
 
+mod concurrency;
+mod deployment;
+
+pub(crate) use concurrency::Concurrency;
+pub(crate) use deployment::{Deployment, DeploymentKind};
+
 /// Runtime defaults the macro needs for its own checks (the generated code takes the rest
 /// from the runtime's `DEFAULT` constants).
 pub(crate) mod defaults {
@@ -50,82 +56,6 @@ pub(crate) enum FullDocumentBeforeChange {
 }
 
 /// Mirrors the runtime's `StartPosition`.
-/// `deployment = ..` as written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum DeploymentKind {
-    AllInstances,
-    SingleLeader,
-}
-
-/// The validated deployment mode; `None` fields take the runtime's defaults.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Deployment {
-    AllInstances,
-    SingleLeader {
-        lease_secs: Option<u64>,
-        renew_secs: Option<u64>,
-        standby_poll_secs: Option<u64>,
-    },
-}
-
-/// Runtime defaults of the lease (mirrors `flowwarden::LeaseConfig::DEFAULT`), for the
-/// compile-time check of the renew interval.
-const DEFAULT_LEASE_SECS: u64 = 30;
-const DEFAULT_RENEW_SECS: u64 = 10;
-
-impl Deployment {
-    /// Validates the deployment keys, reporting problems at the offending key's value.
-    fn from_args(cx: &Ctxt, args: &ChangeStreamArgs) -> Deployment {
-        let leader = matches!(
-            args.deployment.as_ref().map(|d| d.value),
-            Some(DeploymentKind::SingleLeader)
-        );
-        let lease_keys = [
-            (symbol::LEASE_SECS, &args.lease_secs),
-            (symbol::RENEW_SECS, &args.renew_secs),
-            (symbol::STANDBY_POLL_SECS, &args.standby_poll_secs),
-        ];
-        for (key, v) in lease_keys {
-            let Some(v) = v else { continue };
-            if !leader {
-                cx.error_at(
-                    v.span,
-                    format!("`{key}` applies to `deployment = SingleLeader` only: add `deployment = SingleLeader` or remove `{key}`"),
-                );
-            } else if v.value == 0 {
-                cx.error_at(v.span, format!("`{key}` must be at least 1 second"));
-            }
-        }
-        if !leader {
-            return Deployment::AllInstances;
-        }
-        let lease = args
-            .lease_secs
-            .as_ref()
-            .map_or(DEFAULT_LEASE_SECS, |v| v.value);
-        let renew = args
-            .renew_secs
-            .as_ref()
-            .map_or(DEFAULT_RENEW_SECS, |v| v.value);
-        if lease > 0 && renew > 0 && renew.saturating_mul(2) > lease {
-            let span = args
-                .renew_secs
-                .as_ref()
-                .or(args.lease_secs.as_ref())
-                .map_or_else(Span::call_site, |v| v.span);
-            cx.error_at(
-                span,
-                format!("`renew_secs = {renew}` is too close to `lease_secs = {lease}`: the leader must renew well before its lease expires; use at most half the lease (a third is the default: 10 of 30)"),
-            );
-        }
-        Deployment::SingleLeader {
-            lease_secs: args.lease_secs.as_ref().map(|v| v.value),
-            renew_secs: args.renew_secs.as_ref().map(|v| v.value),
-            standby_poll_secs: args.standby_poll_secs.as_ref().map(|v| v.value),
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum StartPosition {
     Resume,
@@ -250,6 +180,7 @@ pub(crate) struct Stream {
     pub(crate) retry: Retry,
     pub(crate) restart: Restart,
     pub(crate) deployment: Deployment,
+    pub(crate) concurrency: Concurrency,
     pub(crate) handlers: Vec<Handler>,
     pub(crate) pipeline: Option<Hook>,
     pub(crate) filter: Option<Hook>,
@@ -283,6 +214,7 @@ impl Stream {
         let methods = collect_methods(cx, item);
 
         let deployment = Deployment::from_args(cx, &args);
+        let concurrency = Concurrency::from_args(cx, &args);
         let krate = args
             .krate
             .map_or_else(|| syn::parse_quote!(::flowwarden), |p| p.value);
@@ -326,6 +258,7 @@ impl Stream {
             retry: companions.retry(),
             restart: companions.restart(),
             deployment,
+            concurrency,
             handlers: Vec::new(),
             pipeline: None,
             filter: None,
