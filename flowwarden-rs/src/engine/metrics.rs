@@ -22,6 +22,7 @@ pub(crate) mod names {
     pub(crate) const CHECKPOINT_FAILED: &str = "flowwarden.checkpoint.save_failed";
 }
 
+#[derive(Clone)]
 pub(crate) struct StreamMetrics {
     pub(crate) received: Counter,
     pub(crate) filtered: Counter,

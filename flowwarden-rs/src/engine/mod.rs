@@ -1,6 +1,7 @@
 //! The stream engine: reading, routing, retrying, dead-lettering and checkpointing one stream.
 
 mod checkpoint_guard;
+mod keyed;
 mod leader;
 mod metrics;
 mod process;
@@ -41,6 +42,12 @@ pub(crate) struct EngineOptions {
     /// Test-only: the classic bug switch (see `Builder::checkpoint_on_receipt`).
     #[cfg(feature = "test-util")]
     pub(crate) checkpoint_on_receipt: bool,
+    /// Test-only: the highest-completed bug switch (see `Builder::checkpoint_highest_completed`).
+    #[cfg(feature = "test-util")]
+    pub(crate) checkpoint_highest_completed: bool,
+    /// Test-only: the unkeyed-concurrency switch (see `Builder::unkeyed_concurrency`).
+    #[cfg(feature = "test-util")]
+    pub(crate) unkeyed_concurrency: bool,
     /// Timing of the checkpoint guard of `AllInstances` streams without a configured identity.
     pub(crate) checkpoint_guard: LeaseConfig,
 }

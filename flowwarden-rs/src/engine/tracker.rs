@@ -38,6 +38,13 @@ impl Settlement {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Ticket(u64);
 
+impl Ticket {
+    /// The position's receive sequence number within this tracker.
+    pub(crate) fn seq(self) -> u64 {
+        self.0
+    }
+}
+
 #[derive(Debug)]
 struct Pending {
     seq: u64,
@@ -61,6 +68,10 @@ pub(crate) struct Tracker {
     /// Test-only: reintroduces the classic bug (a position counts as done on receipt).
     #[cfg(feature = "test-util")]
     checkpoint_on_receipt: bool,
+    /// Test-only: the concurrent consumer's bug (the checkpoint follows the highest completed
+    /// position, not the settled prefix); holds that position's sequence number once on.
+    #[cfg(feature = "test-util")]
+    highest_completed: Option<Option<u64>>,
 }
 
 impl Tracker {
@@ -76,6 +87,8 @@ impl Tracker {
             dirty: false,
             #[cfg(feature = "test-util")]
             checkpoint_on_receipt: false,
+            #[cfg(feature = "test-util")]
+            highest_completed: None,
         }
     }
 
@@ -84,6 +97,15 @@ impl Tracker {
     #[cfg(feature = "test-util")]
     pub(crate) fn with_checkpoint_on_receipt(mut self, on: bool) -> Self {
         self.checkpoint_on_receipt = on;
+        self
+    }
+
+    /// Test-only: makes this tracker checkpoint the highest completed position instead of the
+    /// contiguous settled prefix (the bug of naive concurrent consumers), so a test can prove
+    /// its checker catches it.
+    #[cfg(feature = "test-util")]
+    pub(crate) fn with_checkpoint_highest_completed(mut self, on: bool) -> Self {
+        self.highest_completed = on.then_some(None);
         self
     }
 
@@ -117,12 +139,33 @@ impl Tracker {
     pub(crate) fn settle(&mut self, ticket: Ticket, how: Settlement) {
         if let Some(p) = self.pending.iter_mut().find(|p| p.seq == ticket.0) {
             p.settled = Some(how);
+            #[cfg(feature = "test-util")]
+            if let Some(highest) = self.highest_completed.as_mut() {
+                // The bug: whatever completed last and highest is "done", with all before it.
+                if highest.is_none_or(|h| p.seq > h) {
+                    *highest = Some(p.seq);
+                    self.seen = Some(p.position.clone());
+                    if how.is_processed() {
+                        self.processed = Some(p.position.clone());
+                        self.processed_since_save += 1;
+                    }
+                    self.dirty = true;
+                }
+            }
         }
         while let Some(front) = self.pending.front() {
             let Some(how) = front.settled else { break };
             let Some(done) = self.pending.pop_front() else {
                 break;
             };
+            #[cfg(feature = "test-util")]
+            if self
+                .highest_completed
+                .is_some_and(|h| h.is_some_and(|h| done.seq <= h))
+            {
+                // Already counted by the bug above; the prefix catching up changes nothing.
+                continue;
+            }
             if how.is_processed() {
                 self.processed = Some(done.position.clone());
                 self.processed_since_save += 1;
@@ -159,9 +202,14 @@ impl Tracker {
     }
 
     /// Forgets positions that were received but will never be settled in this session
-    /// (the cursor they came from is gone; they will be delivered again).
+    /// (the cursor they came from is gone; they will be delivered again), and every position
+    /// behind the first of them, settled or not: with concurrent handlers a later event may
+    /// have settled before an earlier one that was abandoned, and the checkpoint must never
+    /// move past the abandoned one. The later ones are delivered again too (at-least-once).
     pub(crate) fn abandon_unsettled(&mut self) {
-        self.pending.retain(|p| p.settled.is_some());
+        if let Some(first) = self.pending.iter().position(|p| p.settled.is_none()) {
+            self.pending.truncate(first);
+        }
     }
 
     /// Number of positions received and not yet part of the settled prefix.
@@ -287,12 +335,49 @@ mod tests {
         assert_eq!(data(t.settled_seen()).as_deref(), Some("0000"));
     }
 
+    #[test]
+    fn abandoning_keeps_the_checkpoint_before_the_first_abandoned_position() {
+        let mut t = Tracker::new(Some(pos(0)), None);
+        let _a = t.receive(pos(1));
+        let b = t.receive(pos(2));
+        t.settle(b, Settlement::Handled);
+        t.abandon_unsettled();
+        assert_eq!(t.unsettled(), 0);
+        let c = t.receive(pos(1));
+        t.settle(c, Settlement::Handled);
+        assert_eq!(
+            data(t.settled_seen()).as_deref(),
+            Some("0001"),
+            "#2 settled before the abandoned #1; it must not be checkpointed with it gone"
+        );
+    }
+
     #[cfg(feature = "test-util")]
     #[test]
     fn the_classic_bug_switch_checkpoints_on_receipt() {
         let mut t = Tracker::new(None, None).with_checkpoint_on_receipt(true);
         let _a = t.receive(pos(1));
         assert_eq!(data(t.settled_seen()).as_deref(), Some("0001"));
+    }
+
+    #[cfg(feature = "test-util")]
+    #[test]
+    fn the_highest_completed_switch_passes_an_unsettled_position() {
+        let mut t = Tracker::new(None, None).with_checkpoint_highest_completed(true);
+        let a = t.receive(pos(1));
+        let b = t.receive(pos(2));
+        t.settle(b, Settlement::Handled);
+        assert_eq!(
+            data(t.settled_seen()).as_deref(),
+            Some("0002"),
+            "the bug: #1 is in flight"
+        );
+        t.settle(a, Settlement::Handled);
+        assert_eq!(
+            data(t.settled_seen()).as_deref(),
+            Some("0002"),
+            "never backwards"
+        );
     }
 
     #[test]

@@ -59,6 +59,10 @@ impl Builder {
                 dead_letter_write_attempts: 5,
                 #[cfg(feature = "test-util")]
                 checkpoint_on_receipt: false,
+                #[cfg(feature = "test-util")]
+                checkpoint_highest_completed: false,
+                #[cfg(feature = "test-util")]
+                unkeyed_concurrency: false,
                 checkpoint_guard: LeaseConfig::DEFAULT,
             },
         }
@@ -173,6 +177,24 @@ impl Builder {
     #[cfg(feature = "test-util")]
     pub fn checkpoint_on_receipt(mut self, on: bool) -> Self {
         self.options.checkpoint_on_receipt = on;
+        self
+    }
+
+    /// Test-only (feature `test-util`): the bug of concurrent consumers that checkpoint the
+    /// highest completed event instead of the contiguous settled prefix, so a test can prove
+    /// its checker catches it (only visible with `concurrency > 1`).
+    #[cfg(feature = "test-util")]
+    pub fn checkpoint_highest_completed(mut self, on: bool) -> Self {
+        self.options.checkpoint_highest_completed = on;
+        self
+    }
+
+    /// Test-only (feature `test-util`): streams with `concurrency > 1` run events without
+    /// regard to their keys and barriers, so a test can prove its per-key order checker
+    /// catches it.
+    #[cfg(feature = "test-util")]
+    pub fn unkeyed_concurrency(mut self, on: bool) -> Self {
+        self.options.unkeyed_concurrency = on;
         self
     }
 

@@ -58,6 +58,13 @@ pub struct SimOptions {
     /// Runs the runtime with the test-only switch that reintroduces the classic bug (a
     /// position counted as done on receipt). The simulation must then find violations.
     pub checkpoint_on_receipt: bool,
+    /// Runs the runtime with the test-only switch that checkpoints the highest completed event
+    /// instead of the settled prefix (the naive concurrent consumer). With `concurrency > 1`
+    /// the simulation must find violations.
+    pub checkpoint_highest_completed: bool,
+    /// Runs the runtime with the test-only switch that runs concurrent events without regard
+    /// to their keys or barriers. With `concurrency > 1` the simulation must find violations.
+    pub unkeyed_concurrency: bool,
     /// Breaks the harness's store wrappers on purpose, to prove the checkers of invariants
     /// 6–10 (the runtime is untouched).
     pub sabotage: Option<Sabotage>,
@@ -155,6 +162,9 @@ pub enum Invariant {
     /// 10: a free lease is taken by a standby within the poll period; after the drain one
     /// instance leads and the others stand by.
     Liveness,
+    /// 11: within a runtime, events of one key are processed one at a time, and a barrier
+    /// (no document key) alone.
+    KeyedScheduling,
 }
 
 impl Invariant {
@@ -171,6 +181,7 @@ impl Invariant {
             Invariant::ZombieWrite => 8,
             Invariant::OneConsumer => 9,
             Invariant::Liveness => 10,
+            Invariant::KeyedScheduling => 11,
         }
     }
 }
@@ -188,6 +199,9 @@ impl fmt::Display for Invariant {
             Invariant::ZombieWrite => "no zombie writes",
             Invariant::OneConsumer => "one consumer at a time",
             Invariant::Liveness => "liveness: takeover and one leader after the drain",
+            Invariant::KeyedScheduling => {
+                "keyed scheduling: one event per key at a time, barriers alone"
+            }
         };
         write!(f, "invariant {} ({name})", self.number())
     }
@@ -253,6 +267,8 @@ pub struct Stats {
     pub virtual_ms: u64,
     /// Multi-instance (`SingleLeader`) schedules run.
     pub multi_instance_seeds: u64,
+    /// Schedules run with `concurrency > 1`.
+    pub concurrent_seeds: u64,
     /// Lease acquisitions.
     pub lease_acquisitions: u64,
     /// Acquisitions by another identity than the previous holder.
@@ -308,6 +324,7 @@ impl Stats {
         self.violations += other.violations;
         self.virtual_ms += other.virtual_ms;
         self.multi_instance_seeds += other.multi_instance_seeds;
+        self.concurrent_seeds += other.concurrent_seeds;
         self.lease_acquisitions += other.lease_acquisitions;
         self.takeovers += other.takeovers;
         self.fenced_checkpoint_writes += other.fenced_checkpoint_writes;
@@ -331,8 +348,8 @@ impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "seeds run:            {} ({} fault-free, {} multi-instance)",
-            self.seeds, self.fault_free_seeds, self.multi_instance_seeds
+            "seeds run:            {} ({} fault-free, {} multi-instance, {} concurrent)",
+            self.seeds, self.fault_free_seeds, self.multi_instance_seeds, self.concurrent_seeds
         )?;
         writeln!(f, "changes committed:    {}", self.changes)?;
         let total: u64 = self.faults.values().sum();

@@ -116,6 +116,8 @@ pub struct Settings {
     /// `Some`: a multi-instance schedule (`deployment = SingleLeader`); `None`: one runtime
     /// at a time (`AllInstances`, no identity).
     pub leader: Option<LeaderSettings>,
+    /// `#[change_stream(concurrency)]`: 1 (serial) or more, with the default bound.
+    pub concurrency: u32,
 }
 
 /// One step of a schedule.
@@ -488,7 +490,11 @@ impl Schedule {
             leader: None,
             oldest_unknown: false,
             shared_checkpoint: false,
+            concurrency: 1,
         };
+        // From its own generator, so every other draw of the seed stays what it was.
+        let mut conc = SplitMix64::new(mix(seed ^ 0x636F_6E63_7572_2121));
+        settings.concurrency = conc.pick(&[1, 1, 2, 8, 64]);
         // Drawn from its own generator, so every other draw of the seed stays what it was.
         let mut oldest = SplitMix64::new(mix(seed ^ 0x6F6C_6465_7374_3F21));
         settings.oldest_unknown =

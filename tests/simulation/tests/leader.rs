@@ -46,6 +46,7 @@ fn two_leaders() -> Settings {
             renew_secs: 1,
             poll_secs: 1,
         }),
+        concurrency: 1,
     }
 }
 

@@ -44,6 +44,7 @@ fn a_processed_first_replay_keeps_the_stored_last_seen() {
             dead_letter_permanent_at_once: false,
         },
         leader: None,
+        concurrency: 1,
     };
     let schedule = Schedule {
         seed: 1,

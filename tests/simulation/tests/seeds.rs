@@ -116,6 +116,7 @@ fn thousands_of_fault_schedules_hold_every_invariant() {
         assert!(stats.dead_letters > 0 && stats.redeliveries > 0 && stats.duplicate_successes > 0);
         // Multi-instance schedules: leader faults, takeovers, and zombies actually fenced.
         assert!(stats.multi_instance_seeds > count / 5, "{stats}");
+        assert!(stats.concurrent_seeds > count / 3, "{stats}");
         for kind in [
             "crash_leader",
             "crash_standby",
@@ -161,6 +162,51 @@ fn the_classic_bug_is_found() {
         "the bug must show as a checkpoint passing an unsettled change: {kinds:?}"
     );
     println!("the classic bug is caught at {}", report(seed, &opts));
+}
+
+/// Concurrent consumers' classic bug (the checkpoint is the highest completed event, not the
+/// contiguous settled prefix) is caught within 100 seeds, on a schedule with `concurrency > 1`.
+#[test]
+fn the_highest_completed_bug_is_found() {
+    let opts = SimOptions {
+        checkpoint_highest_completed: true,
+        ..SimOptions::default()
+    };
+    let found = (0..100u64).find_map(|seed| {
+        let out = run_seed(seed, &opts).expect("runs");
+        out.violations
+            .iter()
+            .any(|v| v.invariant == Invariant::CheckpointPassesUnsettled)
+            .then_some(seed)
+    });
+    let seed = found.expect("the highest-completed checkpoint bug went unnoticed for 100 seeds");
+    assert!(
+        Schedule::generate(seed).settings.concurrency > 1,
+        "with one event at a time the highest completed event is the settled prefix"
+    );
+    println!(
+        "the highest-completed bug is caught at {}",
+        report(seed, &opts)
+    );
+}
+
+/// Running concurrent events without regard to their keys is caught within 100 seeds by the
+/// keyed-scheduling invariant.
+#[test]
+fn unkeyed_concurrency_is_found() {
+    let opts = SimOptions {
+        unkeyed_concurrency: true,
+        ..SimOptions::default()
+    };
+    let found = (0..100u64).find(|seed| {
+        run_seed(*seed, &opts)
+            .expect("runs")
+            .violations
+            .iter()
+            .any(|v| v.invariant == Invariant::KeyedScheduling)
+    });
+    let seed = found.expect("unkeyed concurrency went unnoticed for 100 seeds");
+    println!("unkeyed concurrency is caught at {}", report(seed, &opts));
 }
 
 /// The bug also loses data: some seed ends with a change never handled (invariant 1).

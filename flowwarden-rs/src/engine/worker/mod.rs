@@ -10,6 +10,7 @@
 
 mod backoff;
 mod checkpoint_writer;
+mod keyed_session;
 mod opening;
 mod redelivery;
 mod session;
@@ -118,7 +119,9 @@ impl<H: StreamHandler> Worker<H> {
             stored.as_ref().and_then(|c| c.last_processed.clone()),
         );
         #[cfg(feature = "test-util")]
-        let tracker = tracker.with_checkpoint_on_receipt(self.env.options.checkpoint_on_receipt);
+        let tracker = tracker
+            .with_checkpoint_on_receipt(self.env.options.checkpoint_on_receipt)
+            .with_checkpoint_highest_completed(self.env.options.checkpoint_highest_completed);
         self.progress.tracker = tracker;
         let mut plan = ResumePlan::initial(self.def, stored.as_ref());
         let spec = self.spec();

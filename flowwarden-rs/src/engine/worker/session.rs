@@ -15,7 +15,7 @@ use super::{SessionEnd, Worker};
 use crate::definition::StreamDefinition;
 use crate::engine::process::{process_event, EventOutcome, ProcessCx};
 use crate::engine::reader::{read_loop, ReadResult};
-use crate::engine::tracker::Settlement;
+use crate::engine::tracker::{Settlement, Ticket};
 use crate::engine::{AbortOnDrop, StreamExit};
 use crate::event::{ChangeEvent, OperationType, ResumeToken};
 use crate::handler::StreamHandler;
@@ -43,12 +43,36 @@ impl<H: StreamHandler> Worker<H> {
         let (tx, mut rx) = mpsc::channel::<ReadResult>(capacity);
         let reader = AbortOnDrop(tokio::spawn(read_loop(cursor, tx)));
         let mut heartbeat = heartbeat(self.def);
+        let end = if self.def.concurrency.concurrency() > 1 {
+            self.keyed_session(&mut rx, &mut heartbeat).await
+        } else {
+            self.serial_session(&mut rx, &mut heartbeat).await
+        };
+        drop(reader);
+        if matches!(end, SessionEnd::Invalidated) {
+            // Halt only once the invalidate is stored: a restart then resumes after it and
+            // reads the recreated collection.
+            return match self.persist_settled("the settled invalidate").await {
+                Ok(()) => SessionEnd::Invalidated,
+                Err(StreamExit::Stopped) => SessionEnd::Stop,
+                Err(StreamExit::Halted(h)) => SessionEnd::Halt(h),
+            };
+        }
+        end
+    }
+
+    /// `concurrency = 1`: one event at a time, in stream order.
+    async fn serial_session(
+        &mut self,
+        rx: &mut mpsc::Receiver<ReadResult>,
+        heartbeat: &mut Option<Interval>,
+    ) -> SessionEnd {
         let mut stop = self.env.stop.clone();
         loop {
             let msg = tokio::select! {
                 biased;
                 _ = stopped(&mut stop) => return SessionEnd::Stop,
-                _ = tick(&mut heartbeat) => {
+                _ = tick(heartbeat) => {
                     if let Err(h) = self.progress.save().await {
                         return SessionEnd::Halt(h);
                     }
@@ -56,39 +80,11 @@ impl<H: StreamHandler> Worker<H> {
                 }
                 msg = rx.recv() => msg,
             };
-            match msg {
-                None => {
-                    return SessionEnd::Source(SourceError::new(
-                        SourceErrorKind::Resumable,
-                        "the reader task ended unexpectedly",
-                    ))
-                }
-                Some(Err(e)) => return SessionEnd::Source(e),
-                Some(Ok(None)) => {
-                    return SessionEnd::Source(SourceError::new(
-                        SourceErrorKind::Resumable,
-                        "the source closed the cursor",
-                    ))
-                }
-                Some(Ok(Some(SourceItem::Idle(token)))) => {
-                    self.restart_failures = 0;
-                    if let Some(token) = token {
-                        self.receive_idle(token);
-                    }
-                }
-                Some(Ok(Some(SourceItem::Event(raw)))) => {
-                    self.restart_failures = 0;
-                    if let Some(end) = self.on_event(raw, &mut heartbeat).await {
-                        drop(reader);
-                        if matches!(end, SessionEnd::Invalidated) {
-                            // Halt only once the invalidate is stored: a restart then resumes
-                            // after it and reads the recreated collection.
-                            return match self.persist_settled("the settled invalidate").await {
-                                Ok(()) => SessionEnd::Invalidated,
-                                Err(StreamExit::Stopped) => SessionEnd::Stop,
-                                Err(StreamExit::Halted(h)) => SessionEnd::Halt(h),
-                            };
-                        }
+            match self.on_read(msg) {
+                Read::Nothing => {}
+                Read::End(end) => return end,
+                Read::Event(admitted) => {
+                    if let Some(end) = self.on_event(admitted, heartbeat).await {
                         return end;
                     }
                 }
@@ -96,17 +92,43 @@ impl<H: StreamHandler> Worker<H> {
         }
     }
 
-    /// Handles one raw event; returns how the session ends, if it does.
-    pub(super) async fn on_event(
-        &mut self,
-        raw: bson::Document,
-        heartbeat: &mut Option<Interval>,
-    ) -> Option<SessionEnd> {
+    /// Takes one message of the reader: an idle token is registered here; an event is
+    /// registered with the tracker and returned for processing.
+    pub(super) fn on_read(&mut self, msg: Option<ReadResult>) -> Read {
+        match msg {
+            None => Read::End(SessionEnd::Source(SourceError::new(
+                SourceErrorKind::Resumable,
+                "the reader task ended unexpectedly",
+            ))),
+            Some(Err(e)) => Read::End(SessionEnd::Source(e)),
+            Some(Ok(None)) => Read::End(SessionEnd::Source(SourceError::new(
+                SourceErrorKind::Resumable,
+                "the source closed the cursor",
+            ))),
+            Some(Ok(Some(SourceItem::Idle(token)))) => {
+                self.restart_failures = 0;
+                if let Some(token) = token {
+                    self.receive_idle(token);
+                }
+                Read::Nothing
+            }
+            Some(Ok(Some(SourceItem::Event(raw)))) => {
+                self.restart_failures = 0;
+                match self.admit(raw) {
+                    Ok(admitted) => Read::Event(admitted),
+                    Err(end) => Read::End(end),
+                }
+            }
+        }
+    }
+
+    /// Identifies a raw event, counts it and registers it with the tracker (seen, in flight).
+    fn admit(&mut self, raw: bson::Document) -> Result<Admitted, SessionEnd> {
         let name = self.def.name;
         let event = match ChangeEvent::from_raw(raw) {
             Ok(e) => Arc::new(e),
             Err(e) => {
-                return Some(SessionEnd::Halt(Halt::new(
+                return Err(SessionEnd::Halt(Halt::new(
                     HaltReason::SourceFatal,
                     format!("stream '{name}': the source delivered an event that cannot be identified ({e}); it cannot be checkpointed past, so the stream halts"),
                 )))
@@ -138,7 +160,47 @@ impl<H: StreamHandler> Worker<H> {
             wall_time: event.wall_time(),
             start_after: invalidate,
         });
+        Ok(Admitted {
+            event,
+            ticket,
+            invalidate,
+        })
+    }
 
+    /// Records a settled event: the tracker, the redelivery memory, and the checkpoint when a
+    /// save is due. Returns how the session ends, if it does (an invalidate, a failed save).
+    pub(super) async fn settled(
+        &mut self,
+        admitted: &Admitted,
+        how: Settlement,
+        save_now: bool,
+    ) -> Option<SessionEnd> {
+        self.progress.tracker.settle(admitted.ticket, how);
+        if how != Settlement::Filtered && how != Settlement::Unrouted {
+            self.recent.insert(admitted.event.token());
+        }
+        let due = save_now
+            || self.progress.tracker.processed_since_save() >= self.def.checkpoint.save_every_n
+            || admitted.invalidate;
+        if due {
+            if let Err(h) = self.progress.save().await {
+                return Some(SessionEnd::Halt(h));
+            }
+        }
+        if admitted.invalidate {
+            return Some(SessionEnd::Invalidated);
+        }
+        None
+    }
+
+    /// Processes one admitted event to settlement; returns how the session ends, if it does.
+    async fn on_event(
+        &mut self,
+        admitted: Admitted,
+        heartbeat: &mut Option<Interval>,
+    ) -> Option<SessionEnd> {
+        let name = self.def.name;
+        let event = &admitted.event;
         let cx = ProcessCx {
             def: self.def,
             dead_letters: self.env.dead_letters.as_ref(),
@@ -147,65 +209,73 @@ impl<H: StreamHandler> Worker<H> {
             status: &self.env.status,
             fence: self.env.fence.as_ref(),
         };
-        let span = tracing::info_span!(
-            "event",
-            token = %event.token(),
-            operation = %event.operation_type(),
-        );
-        let fut = process_event(&self.handler, event.clone(), &cx, &mut self.rng).instrument(span);
-        tokio::pin!(fut);
+        let span = event_span(event);
         let mut stop = self.env.stop.clone();
         let mut deadline: Option<Instant> = None;
-        let outcome = loop {
-            tokio::select! {
-                biased;
-                outcome = &mut fut => break Some(outcome),
-                _ = tick(heartbeat) => {
-                    if let Err(h) = self.progress.save().await {
-                        break Some(EventOutcome::Halt(h));
+        let outcome = {
+            let fut =
+                process_event(&self.handler, event.clone(), &cx, &mut self.rng).instrument(span);
+            tokio::pin!(fut);
+            loop {
+                tokio::select! {
+                    biased;
+                    outcome = &mut fut => break Some(outcome),
+                    _ = tick(heartbeat) => {
+                        if let Err(h) = self.progress.save().await {
+                            break Some(EventOutcome::Halt(h));
+                        }
                     }
-                }
-                _ = stopped(&mut stop), if deadline.is_none() => {
-                    let timeout = self.env.options.shutdown_timeout;
-                    info!(stream = name, timeout_ms = timeout.as_millis() as u64, "stop requested; waiting for the in-flight handler");
-                    deadline = Some(Instant::now() + timeout);
-                }
-                _ = sleep_until(deadline), if deadline.is_some() => {
-                    warn!(stream = name, token = %event.token(), "the in-flight handler did not finish within the shutdown timeout; the event stays unsettled and will be delivered again");
-                    break None;
+                    _ = stopped(&mut stop), if deadline.is_none() => {
+                        let timeout = self.env.options.shutdown_timeout;
+                        info!(stream = name, timeout_ms = timeout.as_millis() as u64, "stop requested; waiting for the in-flight handler");
+                        deadline = Some(Instant::now() + timeout);
+                    }
+                    _ = sleep_until(deadline), if deadline.is_some() => {
+                        warn!(stream = name, token = %event.token(), "the in-flight handler did not finish within the shutdown timeout; the event stays unsettled and will be delivered again");
+                        break None;
+                    }
                 }
             }
         };
-        let outcome = match outcome {
-            None => return Some(SessionEnd::Stop),
-            Some(o) => o,
+        let Some(outcome) = outcome else {
+            return Some(SessionEnd::Stop);
         };
         match outcome {
             EventOutcome::Halt(h) => Some(SessionEnd::Halt(h)),
             EventOutcome::Settled { how, save_now } => {
-                self.progress.tracker.settle(ticket, how);
-                if how != Settlement::Filtered && how != Settlement::Unrouted {
-                    self.recent.insert(event.token());
+                if let Some(end) = self.settled(&admitted, how, save_now).await {
+                    return Some(end);
                 }
-                let due = save_now
-                    || self.progress.tracker.processed_since_save()
-                        >= self.def.checkpoint.save_every_n
-                    || invalidate;
-                if due {
-                    if let Err(h) = self.progress.save().await {
-                        return Some(SessionEnd::Halt(h));
-                    }
-                }
-                if invalidate {
-                    return Some(SessionEnd::Invalidated);
-                }
-                if deadline.is_some() {
-                    return Some(SessionEnd::Stop);
-                }
-                None
+                deadline.map(|_| SessionEnd::Stop)
             }
         }
     }
+}
+
+/// What one message of the reader asks of the session.
+pub(super) enum Read {
+    /// Nothing to process (an idle token, registered).
+    Nothing,
+    /// The session ends.
+    End(SessionEnd),
+    /// An event to process, registered with the tracker.
+    Event(Admitted),
+}
+
+/// A received event, registered with the tracker and not yet settled.
+pub(super) struct Admitted {
+    pub(super) event: Arc<ChangeEvent>,
+    pub(super) ticket: Ticket,
+    pub(super) invalidate: bool,
+}
+
+/// The span every event's processing runs in.
+pub(super) fn event_span(event: &ChangeEvent) -> tracing::Span {
+    tracing::info_span!(
+        "event",
+        token = %event.token(),
+        operation = %event.operation_type(),
+    )
 }
 
 fn heartbeat(def: &StreamDefinition) -> Option<Interval> {
@@ -219,7 +289,7 @@ fn heartbeat(def: &StreamDefinition) -> Option<Interval> {
     Some(iv)
 }
 
-async fn tick(iv: &mut Option<Interval>) {
+pub(super) async fn tick(iv: &mut Option<Interval>) {
     match iv {
         Some(iv) => {
             iv.tick().await;
@@ -228,7 +298,7 @@ async fn tick(iv: &mut Option<Interval>) {
     }
 }
 
-async fn sleep_until(deadline: Option<Instant>) {
+pub(super) async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending::<()>().await,

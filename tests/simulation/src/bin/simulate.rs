@@ -14,7 +14,7 @@ enum ArgError {
     Missing(String),
     #[error("{flag}: '{value}' is not a number")]
     NotANumber { flag: String, value: String },
-    #[error("unknown argument '{0}' (use --seeds N --from SEED [--threads T] [--bug] [--sabotage NAME] [--multi-only] | --replay SEED [..] | --shrink SEED [..])")]
+    #[error("unknown argument '{0}' (use --seeds N --from SEED [--threads T] [--bug] [--bug-highest-completed] [--bug-unkeyed] [--sabotage NAME] [--multi-only] | --replay SEED [..] | --shrink SEED [..])")]
     Unknown(String),
     #[error("unknown sabotage '{0}' (one of: unfenced-writes, forged-epoch, lying-renewals, no-takeover)")]
     Sabotage(String),
@@ -56,6 +56,8 @@ fn parse() -> Result<Args, ArgError> {
             "--replay" => a.replay = Some(num("--replay")?),
             "--shrink" => a.shrink = Some(num("--shrink")?),
             "--bug" => a.opts.checkpoint_on_receipt = true,
+            "--bug-highest-completed" => a.opts.checkpoint_highest_completed = true,
+            "--bug-unkeyed" => a.opts.unkeyed_concurrency = true,
             "--multi-only" => a.multi_only = true,
             "--sabotage" => {
                 let v = it

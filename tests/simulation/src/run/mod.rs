@@ -16,8 +16,9 @@ use std::time::Duration;
 use bson::{doc, Bson};
 use flowwarden::port::LeaseStore;
 use flowwarden::{
-    AnyStream, Backend, Deployment, HaltReason, LeaseConfig, MemoryBackend, OnHistoryLost,
-    RestartConfig, RetryConfig, Runtime, StreamDefinition, StreamState, StreamStatus,
+    AnyStream, Backend, ConcurrencyConfig, Deployment, HaltReason, LeaseConfig, MemoryBackend,
+    OnHistoryLost, RestartConfig, RetryConfig, Runtime, StreamDefinition, StreamState,
+    StreamStatus,
 };
 
 use crate::rng::mix;
@@ -134,6 +135,10 @@ fn definition(s: &Settings) -> &'static StreamDefinition {
         initial_delay_ms: s.restart_delay_ms,
         max_delay_ms: 5_000,
     };
+    d.concurrency = ConcurrencyConfig {
+        concurrency: s.concurrency,
+        max_in_flight: 0,
+    };
     if let Some(l) = s.leader {
         d.deployment = Deployment::SingleLeader(LeaseConfig {
             lease_secs: l.lease_secs,
@@ -142,8 +147,8 @@ fn definition(s: &Settings) -> &'static StreamDefinition {
         });
     }
     let key = format!(
-        "{:?}{:?}{:?}{:?}",
-        d.checkpoint, d.retry, d.restart, d.deployment
+        "{:?}{:?}{:?}{:?}{:?}",
+        d.checkpoint, d.retry, d.restart, d.deployment, d.concurrency
     );
     DEFINITIONS.with(|m| {
         *m.borrow_mut()
@@ -222,6 +227,7 @@ async fn simulate(schedule: &Schedule, opts: SimOptions) -> Result<SeedOutcome, 
         w.stats.seeds = 1;
         w.stats.fault_free_seeds = u64::from(schedule.is_fault_free());
         w.stats.multi_instance_seeds = u64::from(leader.is_some());
+        w.stats.concurrent_seeds = u64::from(schedule.settings.concurrency > 1);
         w.stats.shared_checkpoint_seeds = u64::from(shared);
         w.log(format!(
             "seed {} settings {:?}",
@@ -328,7 +334,9 @@ impl Sim<'_> {
             .batch_size(s.batch_size)
             .shutdown_timeout(Duration::from_millis(s.shutdown_timeout_ms))
             .dead_letter_write_attempts(s.dead_letter_write_attempts)
-            .checkpoint_on_receipt(self.opts.checkpoint_on_receipt);
+            .checkpoint_on_receipt(self.opts.checkpoint_on_receipt)
+            .checkpoint_highest_completed(self.opts.checkpoint_highest_completed)
+            .unkeyed_concurrency(self.opts.unkeyed_concurrency);
         if self.leader.is_some() {
             builder = builder.instance_id(id);
         } else if self.shared() {
@@ -358,6 +366,9 @@ impl Sim<'_> {
         }
         let tag = w.tag(inc);
         let Some(st) = status else { return };
+        if how == "graceful shutdown" {
+            w.on_graceful_end(inc);
+        }
         let c = &st.counters;
         w.log(format!(
             "{tag}runtime ended ({how}): state {:?}, halt {:?}, received {} handled {} filtered {} unrouted {} retried {} dead-lettered {} redelivered {} restarts {} history_lost {} checkpoints {} (failed {})",

@@ -97,6 +97,9 @@ impl StreamHandler for SimHandler {
             }
         }
         let key = key_of(ctx);
+        if let Some(seq) = token_seq(ctx.resume_token()) {
+            w.on_begin(self.inc, seq, key);
+        }
         let keep = match w.settings.filter {
             FilterKind::None => true,
             FilterKind::NoUpdatesOf(k) => {

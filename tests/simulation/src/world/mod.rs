@@ -18,6 +18,7 @@
 //! handler; `recorders` the store and source wrappers that feed the state.
 
 mod handler;
+mod keyed;
 mod leadership;
 mod recorders;
 
@@ -172,6 +173,13 @@ pub(crate) struct WorldState {
     pub(crate) rewound_to: BTreeMap<u32, u64>,
     /// Per incarnation: the highest position its cursors delivered.
     pub(crate) max_delivered: BTreeMap<u32, u64>,
+    /// Per incarnation: events whose processing began and that are not settled, with their
+    /// key (`None`: a barrier). Invariant 11.
+    pub(crate) in_flight: BTreeMap<u32, BTreeMap<u64, Option<i32>>>,
+    /// Per incarnation: events its current cursor delivered that are not settled.
+    pub(crate) received_open: BTreeMap<u32, BTreeSet<u64>>,
+    /// Events a graceful shutdown left unsettled (never started, or cut off by its timeout).
+    pub(crate) cut_at_shutdown: BTreeSet<u64>,
 }
 
 /// One runtime started by the harness.
@@ -258,6 +266,9 @@ impl World {
                 takeovers: Vec::new(),
                 rewound_to: BTreeMap::new(),
                 max_delivered: BTreeMap::new(),
+                in_flight: BTreeMap::new(),
+                received_open: BTreeMap::new(),
+                cut_at_shutdown: BTreeSet::new(),
             }),
         })
     }
@@ -313,6 +324,7 @@ impl WorldState {
 
     pub(crate) fn settle(&mut self, seq: u64, how: Settle) {
         self.settled.entry(seq).or_insert(how);
+        self.end_in_flight(seq);
     }
 
     /// Records a committed change.

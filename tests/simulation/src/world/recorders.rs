@@ -57,6 +57,7 @@ impl ChangeSource for RecSource {
         // One look at the world: the next one judges a gap this open may have taken.
         let mut w = self.world.lock();
         let tag = w.tag(inc);
+        w.on_cursor_open(inc);
         w.on_open(&tag, &at, head, first, &summary);
         if let (Ok(_), StartAt::Now | StartAt::OldestAvailable, Some(st)) = (&result, &at, start) {
             let stored = w
@@ -124,6 +125,7 @@ impl ChangeCursor for RecCursor {
                         let max = w.max_delivered.entry(self.inc).or_insert(seq);
                         *max = (*max).max(seq);
                     }
+                    w.on_delivered(self.inc, seq);
                     w.log(format!(
                         "{}deliver #{seq}{}",
                         self.tag,
