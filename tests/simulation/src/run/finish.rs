@@ -176,7 +176,7 @@ impl Sim<'_> {
                 .map(|(s, _)| *s)
                 .filter(|s| {
                     self.schedule.settings.concurrency == 1
-                        || !w.cut_at_shutdown.range(..*s).any(|_| true)
+                        || !w.left_unsettled.range(..*s).any(|_| true)
                 })
                 .collect();
             if !dups.is_empty() {

@@ -50,27 +50,30 @@ impl WorldState {
         }
     }
 
-    /// Incarnation `inc` shut down gracefully: events it received and did not settle (never
-    /// started after the stop, or cut off by the shutdown timeout) are delivered again after
-    /// the restart, and with concurrent handlers so are later events it had already handled
-    /// (at-least-once), which invariant 4 excuses.
+    /// Incarnation `inc` shut down gracefully.
     pub(crate) fn on_graceful_end(&mut self, inc: u32) {
-        self.in_flight.remove(&inc);
-        let cut: Vec<u64> = self
-            .received_open
-            .remove(&inc)
-            .map(|open| open.into_iter().collect())
-            .unwrap_or_default();
-        if !cut.is_empty() {
-            let tag = self.tag(inc);
-            self.log(format!("{tag}left unsettled at shutdown: {cut:?}"));
-            self.cut_at_shutdown.extend(cut);
-        }
+        self.leave_unsettled(inc, "at shutdown");
     }
 
     /// Incarnation `inc` opened a cursor: nothing of its earlier sessions is in processing.
     pub(crate) fn on_cursor_open(&mut self, inc: u32) {
+        self.leave_unsettled(inc, "by the previous cursor");
+    }
+
+    /// The events `inc` received and did not settle (never started after a stop, or cut off
+    /// by the shutdown timeout) are delivered again, and with concurrent handlers so are later
+    /// events it had already handled (at-least-once), which invariant 4 excuses.
+    fn leave_unsettled(&mut self, inc: u32, when: &str) {
         self.in_flight.remove(&inc);
-        self.received_open.remove(&inc);
+        let left: Vec<u64> = self
+            .received_open
+            .remove(&inc)
+            .map(|open| open.into_iter().collect())
+            .unwrap_or_default();
+        if !left.is_empty() {
+            let tag = self.tag(inc);
+            self.log(format!("{tag}left unsettled {when}: {left:?}"));
+            self.left_unsettled.extend(left);
+        }
     }
 }

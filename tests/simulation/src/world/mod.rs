@@ -178,8 +178,8 @@ pub(crate) struct WorldState {
     pub(crate) in_flight: BTreeMap<u32, BTreeMap<u64, Option<i32>>>,
     /// Per incarnation: events its current cursor delivered that are not settled.
     pub(crate) received_open: BTreeMap<u32, BTreeSet<u64>>,
-    /// Events a graceful shutdown left unsettled (never started, or cut off by its timeout).
-    pub(crate) cut_at_shutdown: BTreeSet<u64>,
+    /// Events a runtime received and left unsettled at a graceful shutdown or a re-open.
+    pub(crate) left_unsettled: BTreeSet<u64>,
 }
 
 /// One runtime started by the harness.
@@ -268,7 +268,7 @@ impl World {
                 max_delivered: BTreeMap::new(),
                 in_flight: BTreeMap::new(),
                 received_open: BTreeMap::new(),
-                cut_at_shutdown: BTreeSet::new(),
+                left_unsettled: BTreeSet::new(),
             }),
         })
     }
