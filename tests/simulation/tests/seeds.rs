@@ -172,12 +172,12 @@ fn the_highest_completed_bug_is_found() {
         checkpoint_highest_completed: true,
         ..SimOptions::default()
     };
-    let found = (0..100u64).find_map(|seed| {
-        let out = run_seed(seed, &opts).expect("runs");
-        out.violations
+    let found = (0..100u64).find(|seed| {
+        run_seed(*seed, &opts)
+            .expect("runs")
+            .violations
             .iter()
             .any(|v| v.invariant == Invariant::CheckpointPassesUnsettled)
-            .then_some(seed)
     });
     let seed = found.expect("the highest-completed checkpoint bug went unnoticed for 100 seeds");
     assert!(
@@ -273,7 +273,11 @@ fn fault_free_schedules_handle_each_change_once() {
         }
         let out = run_seed(seed, &SimOptions::default()).expect("runs");
         assert!(out.violations.is_empty(), "{}", out.report(&schedule, 40));
-        assert_eq!(out.stats.duplicate_successes, 0, "seed {seed}");
+        // With concurrent handlers a graceful restart repeats what was handled behind an
+        // unsettled event; invariant 4 (checked above) admits exactly those repeats.
+        if schedule.settings.concurrency == 1 {
+            assert_eq!(out.stats.duplicate_successes, 0, "seed {seed}");
+        }
         assert_eq!(out.stats.redeliveries, 0, "seed {seed}");
         assert!(out.stats.changes > 0);
         checked += 1;
