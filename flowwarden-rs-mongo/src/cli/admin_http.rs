@@ -46,9 +46,7 @@ impl AdminUrl {
                 "--admin '{text}' {why}; give the service's admin API as http://HOST:PORT (FLOWWARDEN_ADMIN_ADDR of the service)"
             ))
         };
-        let uri: Uri = with_scheme
-            .parse()
-            .map_err(|_| bad("is not a URL"))?;
+        let uri: Uri = with_scheme.parse().map_err(|_| bad("is not a URL"))?;
         match uri.scheme_str() {
             Some("http") => {}
             Some("https") => {

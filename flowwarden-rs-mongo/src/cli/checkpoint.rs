@@ -9,13 +9,14 @@
 use bson::{doc, DateTime, Document};
 use flowwarden::port::codec::{encode_checkpoint, CLAIMED_AT};
 use flowwarden::port::{Checkpoint, StoredPosition};
+use futures::TryStreamExt;
 
 use super::connect::Conn;
 use super::error::CliError;
-use super::facts::{stream_facts, StreamFacts, Stored};
+use super::facts::{stream_facts, Stored, StreamFacts};
 use super::output::{Kind, Report};
-use super::views::{CheckpointView, ResetReport};
 use super::position::{self, Gap, NewPosition};
+use super::views::{CheckpointView, ResetReport};
 use super::{GlobalArgs, ResetArgs, CLI_OWNER};
 use crate::stores::{code_of, DUPLICATE_KEY};
 
@@ -28,17 +29,28 @@ pub(crate) async fn show(conn: &Conn, g: &GlobalArgs, name: &str) -> Result<Repo
             stream: name.to_owned(),
             message: message.clone(),
         }),
-        Stored::Claimed { .. } | Stored::Sound(_) => Ok(Kind::Checkpoint(Box::new(CheckpointView::of(&facts))).into()),
+        Stored::Claimed { .. } | Stored::Sound(_) => {
+            Ok(Kind::Checkpoint(Box::new(CheckpointView::of(&facts))).into())
+        }
     }
 }
 
 /// The error for a checkpoint that does not exist, naming the ones that do.
 async fn unknown(conn: &Conn, name: &str) -> CliError {
-    let known: Vec<String> = match conn.checkpoints().distinct("_id", doc! {}).await {
-        Ok(ids) => ids
-            .into_iter()
-            .filter_map(|b| b.as_str().map(str::to_owned))
-            .take(20)
+    let known: Vec<String> = match conn
+        .checkpoints()
+        .find(doc! {})
+        .projection(doc! { "_id": 1 })
+        .sort(doc! { "_id": 1 })
+        .limit(20)
+        .await
+    {
+        Ok(cursor) => cursor
+            .try_collect::<Vec<Document>>()
+            .await
+            .unwrap_or_default()
+            .iter()
+            .map(super::facts::id_string)
             .collect(),
         Err(_) => Vec::new(),
     };
@@ -93,7 +105,12 @@ pub(crate) async fn reset(
         updated_at: DateTime::now(),
     };
     write(conn, name, facts.checkpoint.raw.as_ref(), &checkpoint).await?;
-    tracing::info!(stream = name, mode = new.mode, forced = args.force, "checkpoint reset");
+    tracing::info!(
+        stream = name,
+        mode = new.mode,
+        forced = args.force,
+        "checkpoint reset"
+    );
     Ok(Kind::Reset(Box::new(report(&facts, new, evidence, args.force))).into())
 }
 

@@ -58,9 +58,7 @@ impl Conn {
             );
             match e.kind.as_ref() {
                 // An SRV or TXT lookup that failed is the network's problem, not the string's.
-                ErrorKind::DnsResolve { .. } | ErrorKind::Io(_) => {
-                    CliError::Unreachable(message)
-                }
+                ErrorKind::DnsResolve { .. } | ErrorKind::Io(_) => CliError::Unreachable(message),
                 _ => CliError::BadConfig(message),
             }
         })?;

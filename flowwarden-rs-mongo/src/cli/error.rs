@@ -155,16 +155,43 @@ fn looks_unreachable(message: &str) -> bool {
 /// Exit codes and their meaning, in the order of [`exit`], for help texts and docs.
 pub const EXIT_CODES: &[(i32, &str)] = &[
     (exit::OK, "done"),
-    (exit::FAILURE, "MongoDB or other error (for example missing privileges)"),
-    (exit::USAGE, "usage error: unknown option, malformed argument"),
-    (exit::BAD_CONFIG, "unusable connection settings (bad URI, bad database name, no URI)"),
-    (exit::UNREACHABLE, "server unreachable (server selection timed out) or login refused"),
+    (
+        exit::FAILURE,
+        "MongoDB or other error (for example missing privileges)",
+    ),
+    (
+        exit::USAGE,
+        "usage error: unknown option, malformed argument",
+    ),
+    (
+        exit::BAD_CONFIG,
+        "unusable connection settings (bad URI, bad database name, no URI)",
+    ),
+    (
+        exit::UNREACHABLE,
+        "server unreachable (server selection timed out) or login refused",
+    ),
     (exit::NOT_FOUND, "unknown stream, dead-letter id or lease"),
-    (exit::CORRUPT, "a stored checkpoint, lease or dead letter does not parse"),
-    (exit::REFUSED_RUNNING, "refused: the stream looks running or the lease is held (see --force)"),
-    (exit::NEEDS_SERVICE, "refused: dlq replay needs the service's admin API (--admin)"),
-    (exit::ADMIN_API, "the admin API answered an error or cannot be reached"),
-    (exit::HISTORY_LOST, "the requested position is older than the retained history"),
+    (
+        exit::CORRUPT,
+        "a stored checkpoint, lease or dead letter does not parse",
+    ),
+    (
+        exit::REFUSED_RUNNING,
+        "refused: the stream looks running or the lease is held (see --force)",
+    ),
+    (
+        exit::NEEDS_SERVICE,
+        "refused: dlq replay needs the service's admin API (--admin)",
+    ),
+    (
+        exit::ADMIN_API,
+        "the admin API answered an error or cannot be reached",
+    ),
+    (
+        exit::HISTORY_LOST,
+        "the requested position is older than the retained history",
+    ),
 ];
 
 #[cfg(test)]
@@ -182,6 +209,9 @@ mod tests {
         };
         assert_eq!(e.exit_code(), exit::CORRUPT);
         let m = e.to_string();
-        assert!(m.contains(CORRUPT_CHECKPOINT_RUNBOOK) && m.contains("reset orders"), "{m}");
+        assert!(
+            m.contains(CORRUPT_CHECKPOINT_RUNBOOK) && m.contains("reset orders"),
+            "{m}"
+        );
     }
 }

@@ -183,7 +183,11 @@ impl StreamFacts {
                 ));
             }
         }
-        if let Some(at) = self.checkpoint.last_write.filter(|_| !self.checkpoint.by_cli) {
+        if let Some(at) = self
+            .checkpoint
+            .last_write
+            .filter(|_| !self.checkpoint.by_cli)
+        {
             let age = secs_between(at, self.clock.now);
             if age < i64::try_from(self.stale_after.as_secs()).unwrap_or(i64::MAX) {
                 why.push(format!(
@@ -322,8 +326,10 @@ pub(crate) async fn streams(conn: &Conn, g: &GlobalArgs) -> Result<Report, CliEr
     };
     for d in all(conn, crate::CHECKPOINTS, doc! {}).await? {
         let name = id_string(&d);
-        by_name.entry(name.clone()).or_insert_with(|| blank(&name)).checkpoint =
-            CheckpointFacts::of(Some(d));
+        by_name
+            .entry(name.clone())
+            .or_insert_with(|| blank(&name))
+            .checkpoint = CheckpointFacts::of(Some(d));
     }
     for d in all(conn, crate::LOCKS, doc! {}).await? {
         let lease = LeaseFacts::of(&d, &clock);
@@ -399,7 +405,10 @@ mod tests {
         let claimed = CheckpointFacts::of(Some(doc! {
             "_id": "s", "owner": "h", "epoch": 3_i64, CLAIMED_AT: DateTime::from_millis(7)
         }));
-        assert!(matches!(claimed.stored, Stored::Claimed { epoch: Some(3), .. }));
+        assert!(matches!(
+            claimed.stored,
+            Stored::Claimed { epoch: Some(3), .. }
+        ));
         assert_eq!(claimed.last_write, Some(DateTime::from_millis(7)));
         let corrupt = CheckpointFacts::of(Some(doc! {"_id": "s", "lastSeenToken": "x"}));
         assert!(matches!(corrupt.stored, Stored::Corrupt(m) if m.contains("lastSeenToken")));

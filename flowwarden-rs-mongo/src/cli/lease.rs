@@ -90,7 +90,10 @@ pub(crate) async fn release(conn: &Conn, name: &str, force: bool) -> Result<Repo
             view.expires_in_secs.unwrap_or_default()
         )));
     }
-    conn.backend.release(&lease).await.map_err(CliError::store)?;
+    conn.backend
+        .release(&lease)
+        .await
+        .map_err(CliError::store)?;
     // The release matches only this owner and epoch: check it took effect.
     let after = conn.backend.current(name).await.map_err(CliError::store)?;
     let clock = conn.clock().await?;

@@ -257,7 +257,15 @@ pub async fn run(cli: &Cli) -> Result<Report, CliError> {
             stream,
             status,
             limit,
-        }) => dlq::list(&conn().await?, stream.clone(), status.map(Into::into), *limit).await,
+        }) => {
+            dlq::list(
+                &conn().await?,
+                stream.clone(),
+                status.map(Into::into),
+                *limit,
+            )
+            .await
+        }
         Command::Dlq(DlqCommand::Show { id }) => dlq::show(&conn().await?, id).await,
         Command::Dlq(DlqCommand::Discard { id }) => dlq::discard(&conn().await?, id).await,
         Command::Dlq(DlqCommand::Replay { id, admin, token }) => {
@@ -376,7 +384,10 @@ mod tests {
             .expect("parses");
         assert!(matches!(
             cli.command,
-            Command::Checkpoint(CheckpointCommand::Reset(ResetArgs { to: ResetTarget { to_now: true, .. }, .. }))
+            Command::Checkpoint(CheckpointCommand::Reset(ResetArgs {
+                to: ResetTarget { to_now: true, .. },
+                ..
+            }))
         ));
     }
 }

@@ -73,7 +73,9 @@ impl Report {
                 database,
                 server_time,
                 streams,
-            } => json!({ "database": database, "server_time": server_time, "streams": to_value(streams) }),
+            } => {
+                json!({ "database": database, "server_time": server_time, "streams": to_value(streams) })
+            }
             Kind::Checkpoint(v) => to_value(v),
             Kind::Reset(r) => r.to_json(),
             Kind::DeadLetters(records) => json!({
@@ -100,7 +102,9 @@ impl Report {
                 lease,
                 released,
                 forced,
-            } => json!({ "name": lease.name, "released": released, "forced": forced, "lease": to_value(lease) }),
+            } => {
+                json!({ "name": lease.name, "released": released, "forced": forced, "lease": to_value(lease) })
+            }
         }
     }
 
@@ -164,10 +168,7 @@ impl Report {
                 server_time,
                 leases,
             } => {
-                let _ = writeln!(
-                    out,
-                    "leases of '{name}' (server time {server_time}):"
-                );
+                let _ = writeln!(out, "leases of '{name}' (server time {server_time}):");
                 for l in leases {
                     lease_text(&mut out, l);
                 }

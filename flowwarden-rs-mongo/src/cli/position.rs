@@ -285,9 +285,18 @@ mod tests {
 
     #[test]
     fn gap_directions() {
-        assert_eq!(gap("lastSeen", &pos("8201"), &pos("8202")).direction, "skipped");
-        assert_eq!(gap("lastSeen", &pos("8203"), &pos("8202")).direction, "replayed");
-        assert_eq!(gap("lastSeen", &pos("8202"), &pos("8202")).direction, "none");
+        assert_eq!(
+            gap("lastSeen", &pos("8201"), &pos("8202")).direction,
+            "skipped"
+        );
+        assert_eq!(
+            gap("lastSeen", &pos("8203"), &pos("8202")).direction,
+            "replayed"
+        );
+        assert_eq!(
+            gap("lastSeen", &pos("8202"), &pos("8202")).direction,
+            "none"
+        );
         let odd = StoredPosition {
             token: ResumeToken::from_document(doc! {"x": 1}),
             ..pos("")

@@ -185,7 +185,11 @@ impl CheckpointView {
         CheckpointView {
             name: f.name.clone(),
             checkpoint,
-            leases: f.leases.iter().map(|l| LeaseView::of(l, &f.clock)).collect(),
+            leases: f
+                .leases
+                .iter()
+                .map(|l| LeaseView::of(l, &f.clock))
+                .collect(),
             dead_letters: CountsView {
                 pending: f.dead_letters.pending,
                 replayed: f.dead_letters.replayed,
