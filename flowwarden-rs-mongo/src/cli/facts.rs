@@ -30,7 +30,7 @@ pub(crate) enum Stored {
         epoch: Option<i64>,
     },
     /// A checkpoint that parses.
-    Sound(Checkpoint),
+    Sound(Box<Checkpoint>),
     /// A document that does not parse (the message names the stream and the field).
     Corrupt(String),
 }
@@ -79,7 +79,7 @@ impl CheckpointFacts {
             }
         } else {
             match decode_checkpoint(&d) {
-                Ok(cp) => Stored::Sound(cp),
+                Ok(cp) => Stored::Sound(Box::new(cp)),
                 Err(e) => Stored::Corrupt(e.to_string()),
             }
         };
