@@ -286,10 +286,10 @@ fn stream_text(out: &mut String, s: &CheckpointView) {
 fn reset_text(out: &mut String, r: &ResetReport) {
     let _ = writeln!(
         out,
-        "checkpoint of '{}' reset{} ({}):",
+        "checkpoint of '{}' reset (to {}{}):",
         r.stream,
-        if r.forced { " (forced)" } else { "" },
-        r.mode
+        r.mode,
+        if r.forced { ", forced" } else { "" }
     );
     match (&r.old_view, &r.old) {
         (Some(v), _) => {
