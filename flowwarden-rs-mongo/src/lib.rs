@@ -38,6 +38,8 @@
 #[cfg(feature = "dedup")]
 mod applied;
 mod classify;
+#[cfg(feature = "cli")]
+pub mod cli;
 mod lease;
 mod resumes;
 mod source;
@@ -284,7 +286,7 @@ fn bson_int(b: &Bson) -> Option<i64> {
     }
 }
 
-fn database_name_problems(db: &str) -> Vec<String> {
+pub(crate) fn database_name_problems(db: &str) -> Vec<String> {
     if db.is_empty() {
         return vec!["the database name is empty (set FLOWWARDEN_DATABASE or pass a name)".into()];
     }
