@@ -40,6 +40,7 @@ mod applied;
 mod classify;
 #[cfg(feature = "cli")]
 pub mod cli;
+mod history;
 mod lease;
 mod resumes;
 mod source;

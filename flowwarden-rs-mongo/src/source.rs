@@ -15,7 +15,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bson::{doc, Bson, Document, Timestamp};
 use flowwarden::port::{
-    ChangeCursor, ChangeSource, SourceError, SourceErrorKind, SourceItem, StartAt, WatchSpec,
+    ChangeCursor, ChangeSource, HistoryBounds, HistoryUnknown, SourceError, SourceErrorKind,
+    SourceItem, StartAt, WatchSpec,
 };
 use flowwarden::{FullDocument, FullDocumentBeforeChange, ResumeToken};
 use mongodb::change_stream::ChangeStream;
@@ -134,18 +135,7 @@ impl MongoBackend {
     /// the `local` database). `None` when the collection returns nothing: an empty oplog, or a
     /// `mongos`, where `local.oplog.rs` is not the shards' oplog.
     pub async fn oldest_oplog_time(&self) -> Result<Option<Timestamp>, mongodb::error::Error> {
-        let oldest = self
-            .client
-            .database("local")
-            .collection::<Document>("oplog.rs")
-            .find_one(doc! {})
-            .sort(doc! { "$natural": 1 })
-            .projection(doc! { "ts": 1 })
-            .await?;
-        Ok(oldest.and_then(|d| match d.get("ts") {
-            Some(Bson::Timestamp(ts)) => Some(*ts),
-            _ => None,
-        }))
+        self.oplog_entry_time(1).await
     }
 
     /// The time of the oldest retained oplog entry as `serverStatus` reports it
@@ -153,17 +143,7 @@ impl MongoBackend {
     /// `serverStatus` action, granted by `clusterMonitor`). `None` when the reply has no such
     /// section (a `mongos`, a standalone).
     pub async fn earliest_optime(&self) -> Result<Option<Timestamp>, mongodb::error::Error> {
-        let reply = self
-            .client
-            .database("admin")
-            .run_command(doc! { "serverStatus": 1, "oplog": 1 })
-            .await?;
-        Ok(
-            match reply.get_document("oplog").map(|o| o.get("earliestOptime")) {
-                Ok(Some(Bson::Timestamp(ts))) => Some(*ts),
-                _ => None,
-            },
-        )
+        Ok(self.server_status_optimes().await?.0)
     }
 
     /// Where the oldest retained entry is: `local.oplog.rs` first, then `serverStatus`. When
@@ -240,6 +220,10 @@ impl ChangeSource for MongoBackend {
 
     fn describe(&self) -> String {
         self.description.clone()
+    }
+
+    async fn history_bounds(&self) -> Result<HistoryBounds, HistoryUnknown> {
+        self.oplog_bounds().await
     }
 }
 

@@ -47,6 +47,26 @@ impl ResumeToken {
         };
         Some(hex(self)?.cmp(&hex(other)?))
     }
+
+    /// The cluster time a token stands at, decoded from its `_data` string.
+    ///
+    /// MongoDB 4.2 and later issue `_data` as uppercase hex of a KeyString whose first value
+    /// is the event's cluster time: the type byte `0x82` (a BSON timestamp), then the
+    /// timestamp as 8 bytes big-endian, seconds first, then the increment. A post-batch token
+    /// (of an empty or fully filtered batch) has the same shape, so this also tells how far a
+    /// stream has scanned where no event carries a `clusterTime`. `None` for anything else:
+    /// the 3.6 and 4.0 binary tokens, tokens of another source, a foreign shape. The runtime
+    /// uses it only to measure lag, never to order or resume.
+    pub fn cluster_time(&self) -> Option<Timestamp> {
+        let data = self.data()?;
+        let head = data.get(..18)?;
+        if !head.bytes().all(|b| b.is_ascii_hexdigit()) || !head[..2].eq_ignore_ascii_case("82") {
+            return None;
+        }
+        let time = u32::from_str_radix(&head[2..10], 16).ok()?;
+        let increment = u32::from_str_radix(&head[10..18], 16).ok()?;
+        Some(Timestamp { time, increment })
+    }
 }
 
 impl fmt::Display for ResumeToken {
@@ -380,6 +400,62 @@ mod tests {
         assert_eq!(
             OperationType::parse("dropDatabase").as_str(),
             "dropDatabase"
+        );
+    }
+
+    #[test]
+    fn cluster_time_is_decoded_from_real_token_shapes() {
+        // An insert's token as MongoDB 6.0 prints it in its manual (clusterTime
+        // Timestamp(1666193824, 1)): 0x82, the timestamp, then version, type, document key.
+        let event = ResumeToken::from_document(bson::doc! {"_data":
+        "82635019A0000000012B042C0100296E5A1004AB1154ACACD849A48C61756D70D3B21F463C6F7065726174696F6E54797065003C696E736572740046646F63756D656E744B65790046645F69640064635019A078BE67426D7CF4D2000004"});
+        assert_eq!(
+            event.cluster_time(),
+            Some(Timestamp {
+                time: 1_666_193_824,
+                increment: 1
+            })
+        );
+        // A post-batch resume token of an empty batch: the timestamp, then the high-water
+        // mark's fields only.
+        let post_batch =
+            ResumeToken::from_document(bson::doc! {"_data": "8265A1B2C3000000072B0229296E04"});
+        assert_eq!(
+            post_batch.cluster_time(),
+            Some(Timestamp {
+                time: 0x65A1_B2C3,
+                increment: 7
+            })
+        );
+        // Lowercase hex decodes the same.
+        let lower =
+            ResumeToken::from_document(bson::doc! {"_data": "8265a1b2c3000000072b0229296e04"});
+        assert_eq!(lower.cluster_time(), post_batch.cluster_time());
+    }
+
+    #[test]
+    fn tokens_without_a_leading_timestamp_have_no_cluster_time() {
+        for data in [
+            "",
+            "82",
+            "82635019A0",
+            "81635019A0000000012B",
+            "8263501ZA0000000012B04",
+            "0000000000000001",
+            "82é3501A0000000012B",
+            "82+635019A000000012B",
+        ] {
+            let t = ResumeToken::from_document(bson::doc! {"_data": data});
+            assert_eq!(t.cluster_time(), None, "{data:?}");
+        }
+        let binary = ResumeToken::from_document(bson::doc! {"_data": bson::Binary {
+            subtype: bson::spec::BinarySubtype::Generic,
+            bytes: vec![0x82, 0, 0, 0, 1, 0, 0, 0, 1],
+        }});
+        assert_eq!(binary.cluster_time(), None);
+        assert_eq!(
+            ResumeToken::from_document(bson::doc! {}).cluster_time(),
+            None
         );
     }
 }

@@ -82,7 +82,7 @@ pub use definition::{
     LeaseConfig, OnHistoryLost, RestartConfig, ResumeStrategy, RetryConfig, SourceLocation,
     StartPosition, StreamDefinition,
 };
-pub use engine::AnyStream;
+pub use engine::{AnyStream, LagConfig};
 pub use event::{
     ChangeEvent, EventParseError, Namespace, OperationType, ResumeToken, SplitEvent,
     UpdateDescription,
@@ -97,7 +97,7 @@ pub use runtime::{
     builder, run, Builder, ControlError, DeadLetterError, DeadLetters, InstanceId, RunError,
     Runtime, RuntimeHandle, StartupError,
 };
-pub use status::{Halt, HaltReason, StreamCounters, StreamState, StreamStatus};
+pub use status::{Halt, HaltReason, LagStatus, StreamCounters, StreamState, StreamStatus};
 
 #[doc(inline)]
 pub use flowwarden_rs_macros::{

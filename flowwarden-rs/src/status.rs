@@ -141,6 +141,48 @@ pub struct StreamStatus {
     pub halt: Option<Halt>,
     /// Counters.
     pub counters: StreamCounters,
+    /// Where the stream stands against its source's retained history; `None` until the
+    /// first sample (taken every few seconds while the runtime runs).
+    pub lag: Option<LagStatus>,
+}
+
+/// A stream's lag against its source's retained history (MongoDB's oplog window), as last
+/// sampled. See docs/operations.md, "Lag and the oplog window".
+#[derive(Debug, Clone, PartialEq)]
+pub struct LagStatus {
+    /// Whether `lag_seconds` could be measured: not before the stream's first read, nor when
+    /// the source cannot tell its history (then `unknown_reason` says why).
+    pub known: bool,
+    /// Why lag or the window is unknown, when it is.
+    pub unknown_reason: Option<String>,
+    /// The time of the latest settled position: the last settled event, or the post-batch
+    /// position of an empty or fully filtered batch.
+    pub position_time: Option<DateTime>,
+    /// The time of the oldest retained history entry.
+    pub oldest_time: Option<DateTime>,
+    /// The time of the newest history entry (the last operation written).
+    pub newest_time: Option<DateTime>,
+    /// Newest history time minus the position time; 0 when the last read returned an empty
+    /// batch after the position (caught up).
+    pub lag_seconds: Option<f64>,
+    /// Newest minus oldest retained history time: how far back a restart can resume.
+    pub window_seconds: Option<f64>,
+    /// The window minus the lag: how long the stream may fall further behind (or stay down)
+    /// before its position leaves the retained history.
+    pub headroom_seconds: Option<f64>,
+    /// The last read returned an empty batch and nothing is unsettled.
+    pub caught_up: bool,
+    /// Running, yet no progress for the configured time while the source has newer history:
+    /// a stuck consumer (readiness fails; docs/runbooks/stalled.md).
+    pub stalled: bool,
+    /// Since when the position has not moved while behind, when it is behind.
+    pub behind_since: Option<DateTime>,
+    /// When this sample was taken.
+    pub sampled_at: DateTime,
+}
+
+fn stalled(s: &StreamStatus) -> bool {
+    s.lag.as_ref().is_some_and(|l| l.stalled)
 }
 
 /// The shared, updatable status of one stream.
@@ -159,6 +201,7 @@ impl StatusCell {
                 last_event_at: None,
                 halt: None,
                 counters: StreamCounters::default(),
+                lag: None,
             }),
             changed: tokio::sync::Notify::new(),
         }
@@ -180,9 +223,9 @@ impl StatusCell {
                 Ok(g) => g,
                 Err(poisoned) => poisoned.into_inner(),
             };
-            let before = (guard.state, guard.halt.is_some());
+            let before = (guard.state, guard.halt.is_some(), stalled(&guard));
             f(&mut guard);
-            before != (guard.state, guard.halt.is_some())
+            before != (guard.state, guard.halt.is_some(), stalled(&guard))
         };
         if changed {
             self.changed.notify_waiters();

@@ -520,3 +520,108 @@ async fn the_admin_api_is_off_unless_asked_for_and_stops_with_the_runtime() {
         "the listener is closed after shutdown"
     );
 }
+
+fn lag_sampling_fast() -> flowwarden::LagConfig {
+    flowwarden::LagConfig {
+        interval: std::time::Duration::from_millis(100),
+        stall_after: std::time::Duration::from_secs(1),
+        headroom_warn_fraction: 0.2,
+    }
+}
+
+#[tokio::test]
+async fn a_stalled_stream_is_not_ready_and_names_its_runbook_until_it_moves() {
+    let backend = MemoryBackend::new();
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let probe = stalling_on(2, gate.clone());
+    let rt = start_with(&backend, &probe, def("stuck", |_| {}), |b| {
+        b.admin(local0()).lag_sampling(lag_sampling_fast())
+    })
+    .await;
+    insert_ids(&backend, [1]);
+    wait_until("1 handled", || probe.successes().len() == 1).await;
+    wait_status(&rt, "stuck", |s| {
+        s.lag.as_ref().is_some_and(|l| l.caught_up)
+    })
+    .await;
+    let api = Api::of(&rt);
+    let ready = api.get("/health/ready").await;
+    assert_eq!(ready.status, StatusCode::OK, "{}", ready.body);
+    let lag = &api.get("/streams/stuck").await.json()["lag"];
+    assert_eq!(lag["known"], true, "{lag}");
+    assert_eq!(lag["caught_up"], true, "{lag}");
+    assert_eq!(lag["lag_seconds"], 0.0, "{lag}");
+
+    // 2 blocks the handler; 3 is written 1.2 s later: behind, and no progress.
+    insert_ids(&backend, [2]);
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    insert_ids(&backend, [3]);
+    wait_status(&rt, "stuck", |s| s.lag.as_ref().is_some_and(|l| l.stalled)).await;
+    let ready = api.get("/health/ready").await;
+    assert_eq!(
+        ready.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        ready.body
+    );
+    let body = ready.json();
+    let entry = &body["streams"][0];
+    assert_eq!(entry["name"], "stuck", "{body}");
+    assert_eq!(entry["state"], "running", "{body}");
+    assert_eq!(entry["stalled"], true, "{body}");
+    assert_eq!(entry["runbook"], "docs/runbooks/stalled.md", "{body}");
+    assert!(
+        entry["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("'stuck'") && m.contains("stalled")),
+        "{body}"
+    );
+    let lag = &api.get("/streams/stuck").await.json()["lag"];
+    assert_eq!(lag["stalled"], true, "{lag}");
+    assert!(
+        lag["lag_seconds"].as_f64().is_some_and(|l| l > 0.0),
+        "{lag}"
+    );
+    assert_eq!(lag["caught_up"], false, "{lag}");
+    assert!(lag["behind_since"].is_string(), "{lag}");
+
+    gate.notify_one();
+    wait_until("3 handled", || probe.successes().len() == 3).await;
+    wait_status(&rt, "stuck", |s| s.lag.as_ref().is_some_and(|l| !l.stalled)).await;
+    let ready = api.get("/health/ready").await;
+    assert_eq!(ready.status, StatusCode::OK, "{}", ready.body);
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_stream_schema_documents_every_field_the_api_serves() {
+    let backend = MemoryBackend::new();
+    let probe = Probe::default();
+    let rt = start_with(&backend, &probe, def("described", |_| {}), |b| {
+        b.admin(local0()).lag_sampling(lag_sampling_fast())
+    })
+    .await;
+    insert_ids(&backend, [1]);
+    wait_status(&rt, "described", |s| {
+        s.lag.as_ref().is_some_and(|l| l.known)
+    })
+    .await;
+    let api = Api::of(&rt);
+    let doc = api.get("/openapi.json").await.json();
+    let served = api.get("/streams/described").await.json();
+    let documented = |schema: &str| -> BTreeSet<String> {
+        doc["components"]["schemas"][schema]["properties"]
+            .as_object()
+            .unwrap_or_else(|| panic!("schema {schema}"))
+            .keys()
+            .cloned()
+            .collect()
+    };
+    let keys = |v: &Value| -> BTreeSet<String> {
+        v.as_object().expect("an object").keys().cloned().collect()
+    };
+    assert_eq!(keys(&served), documented("Stream"));
+    assert_eq!(keys(&served["lag"]), documented("Lag"));
+    assert_eq!(keys(&served["counters"]), documented("Counters"));
+    rt.shutdown().await;
+}

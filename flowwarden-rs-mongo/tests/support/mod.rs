@@ -212,18 +212,26 @@ pub const SHORT_GUARD: flowwarden::LeaseConfig = flowwarden::LeaseConfig {
 
 /// Starts a runtime running only `stream` on the target's backend.
 pub async fn start_any(t: &Target, stream: AnyStream) -> Runtime {
+    start_any_with(t, stream, |b| b).await
+}
+
+/// Starts a runtime running only `stream` on the target's backend, its builder adjusted by
+/// `configure`.
+pub async fn start_any_with(
+    t: &Target,
+    stream: AnyStream,
+    configure: impl FnOnce(flowwarden::Builder) -> flowwarden::Builder,
+) -> Runtime {
     let name = stream.definition().name;
-    let rt = flowwarden::builder()
+    let b = flowwarden::builder()
         .discover(false)
         .any_stream(stream)
         .backend(t.backend.clone())
         .seed(7)
         .max_await(Duration::from_millis(150))
         .shutdown_timeout(Duration::from_secs(5))
-        .checkpoint_guard(SHORT_GUARD)
-        .start()
-        .await
-        .expect("runtime starts");
+        .checkpoint_guard(SHORT_GUARD);
+    let rt = configure(b).start().await.expect("runtime starts");
     // A stream without a checkpoint starts at "now": wait until its cursor is open (or it
     // halted) before the test writes anything.
     wait_status(&rt, name, |s| s.state != flowwarden::StreamState::Starting).await;

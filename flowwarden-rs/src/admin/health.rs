@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 
 use super::router::AppState;
 use super::streams::state_name;
+use crate::engine::lag::STALLED_RUNBOOK;
 use crate::status::StreamState;
 
 /// `GET /health/live`: 200 while the process serves requests.
@@ -14,24 +15,44 @@ pub(crate) async fn live() -> Json<Value> {
     Json(json!({ "status": "live" }))
 }
 
-/// `GET /health/ready`: 200 when every enabled stream is running or a healthy standby; 503
-/// naming each one that is not, with its state and, when it halted, the message and runbook.
+/// `GET /health/ready`: 200 when every enabled stream is running (and not stalled) or a
+/// healthy standby; 503 naming each one that is not, with its state and, when it halted or
+/// stalled, the message and runbook.
 pub(crate) async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     let handle = &state.handle;
     let not_ready: Vec<Value> = handle
         .streams()
         .into_iter()
         .filter(|s| handle.definition(s.name).is_some_and(|d| d.enabled))
-        .filter(|s| !matches!(s.state, StreamState::Running | StreamState::Standby))
+        .filter(|s| {
+            let stalled = s.lag.as_ref().is_some_and(|l| l.stalled);
+            stalled || !matches!(s.state, StreamState::Running | StreamState::Standby)
+        })
         .map(|s| {
             let halt = s.halt.as_ref();
-            json!({
-                "name": s.name,
-                "state": state_name(s.state),
-                "halt_reason": halt.map(|h| format!("{:?}", h.reason)),
-                "message": halt.map(|h| h.message.clone()),
-                "runbook": halt.map(|h| h.runbook),
-            })
+            match (halt, s.lag.as_ref().filter(|l| l.stalled)) {
+                (None, Some(lag)) => json!({
+                    "name": s.name,
+                    "state": state_name(s.state),
+                    "stalled": true,
+                    "halt_reason": null,
+                    "message": format!(
+                        "stream '{}' is stalled: running, but its position has not moved since {} while its source has newer history (lag {:.0} s)",
+                        s.name,
+                        lag.behind_since.map(super::streams::date).unwrap_or_else(|| "its start".into()),
+                        lag.lag_seconds.unwrap_or_default()
+                    ),
+                    "runbook": STALLED_RUNBOOK,
+                }),
+                _ => json!({
+                    "name": s.name,
+                    "state": state_name(s.state),
+                    "stalled": false,
+                    "halt_reason": halt.map(|h| format!("{:?}", h.reason)),
+                    "message": halt.map(|h| h.message.clone()),
+                    "runbook": halt.map(|h| h.runbook),
+                }),
+            }
         })
         .collect();
     if not_ready.is_empty() {
@@ -41,7 +62,7 @@ pub(crate) async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Va
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({
                 "status": "not_ready",
-                "error": format!("{} enabled stream(s) are neither running nor standby", not_ready.len()),
+                "error": format!("{} enabled stream(s) are neither running (and progressing) nor standby", not_ready.len()),
                 "streams": not_ready,
             })),
         )

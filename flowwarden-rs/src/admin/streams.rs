@@ -9,7 +9,7 @@ use super::error::ApiError;
 use super::router::AppState;
 use crate::definition::{Deployment, StreamDefinition};
 use crate::runtime::{ControlError, RuntimeHandle};
-use crate::status::{StreamCounters, StreamState, StreamStatus};
+use crate::status::{LagStatus, StreamCounters, StreamState, StreamStatus};
 
 /// The JSON spelling of a state.
 pub(crate) fn state_name(state: StreamState) -> &'static str {
@@ -71,6 +71,42 @@ impl From<StreamCounters> for CountersView {
     }
 }
 
+/// Lag against the source's retained history (docs/operations.md, "Lag and the oplog window").
+#[derive(Serialize)]
+struct LagView {
+    known: bool,
+    unknown_reason: Option<String>,
+    position_time: Option<String>,
+    oldest_time: Option<String>,
+    newest_time: Option<String>,
+    lag_seconds: Option<f64>,
+    window_seconds: Option<f64>,
+    headroom_seconds: Option<f64>,
+    caught_up: bool,
+    stalled: bool,
+    behind_since: Option<String>,
+    sampled_at: String,
+}
+
+impl From<LagStatus> for LagView {
+    fn from(l: LagStatus) -> Self {
+        Self {
+            known: l.known,
+            unknown_reason: l.unknown_reason,
+            position_time: l.position_time.map(date),
+            oldest_time: l.oldest_time.map(date),
+            newest_time: l.newest_time.map(date),
+            lag_seconds: l.lag_seconds,
+            window_seconds: l.window_seconds,
+            headroom_seconds: l.headroom_seconds,
+            caught_up: l.caught_up,
+            stalled: l.stalled,
+            behind_since: l.behind_since.map(date),
+            sampled_at: date(l.sampled_at),
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct DeploymentView {
     mode: &'static str,
@@ -109,6 +145,8 @@ pub(crate) struct StreamView {
     last_event_at: Option<String>,
     halt: Option<HaltView>,
     counters: CountersView,
+    /// `null` until the first lag sample.
+    lag: Option<LagView>,
     /// `null`: the backend's default database.
     database: Option<&'static str>,
     collection: Option<&'static str>,
@@ -129,6 +167,7 @@ impl StreamView {
                 runbook: h.runbook,
             }),
             counters: status.counters.into(),
+            lag: status.lag.map(LagView::from),
             database: def.and_then(|d| d.database),
             collection: def.map(|d| d.collection),
             enabled: def.map(|d| d.enabled),

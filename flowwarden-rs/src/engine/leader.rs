@@ -124,6 +124,7 @@ pub(super) async fn run_while_held(
         checkpoints: env.checkpoints.clone(),
         dead_letters: env.dead_letters.clone(),
         status: env.status.clone(),
+        probe: env.probe.clone(),
         stop: session_rx,
         options: env.options.clone(),
         checkpoint_key: env.checkpoint_key.clone(),

@@ -1,6 +1,6 @@
 //! Metric handles of one stream, registered once through the `metrics` facade.
 
-use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+use metrics::{counter, histogram, Counter, Histogram};
 
 /// Metric names, FlowWarden's where they exist.
 pub(crate) mod names {
@@ -13,7 +13,6 @@ pub(crate) mod names {
     pub(crate) const SKIPPED: &str = "flowwarden.events.skipped";
     pub(crate) const REDELIVERED: &str = "flowwarden.events.redelivered";
     pub(crate) const HANDLER_DURATION: &str = "flowwarden.handler.duration_seconds";
-    pub(crate) const LAG: &str = "flowwarden.stream.lag_seconds";
     pub(crate) const RESTARTS: &str = "flowwarden.stream.restarts";
     pub(crate) const FALLBACK_TO_SEEN: &str = "flowwarden.stream.resume.fallback_to_seen";
     pub(crate) const FALLBACK_TO_PROCESSED: &str = "flowwarden.stream.resume.fallback_to_processed";
@@ -33,7 +32,6 @@ pub(crate) struct StreamMetrics {
     pub(crate) skipped: Counter,
     pub(crate) redelivered: Counter,
     pub(crate) handler_duration: Histogram,
-    pub(crate) lag: Gauge,
     pub(crate) restarts: Counter,
     pub(crate) fallback_to_seen: Counter,
     pub(crate) fallback_to_processed: Counter,
@@ -52,7 +50,6 @@ impl StreamMetrics {
             skipped: counter!(names::SKIPPED, "stream" => stream),
             redelivered: counter!(names::REDELIVERED, "stream" => stream),
             handler_duration: histogram!(names::HANDLER_DURATION, "stream" => stream),
-            lag: gauge!(names::LAG, "stream" => stream),
             restarts: counter!(names::RESTARTS, "stream" => stream),
             fallback_to_seen: counter!(names::FALLBACK_TO_SEEN, "stream" => stream),
             fallback_to_processed: counter!(names::FALLBACK_TO_PROCESSED, "stream" => stream),

@@ -2,6 +2,7 @@
 
 mod checkpoint_guard;
 mod keyed;
+pub(crate) mod lag;
 mod leader;
 mod metrics;
 mod process;
@@ -25,6 +26,7 @@ use crate::port::Fence;
 use crate::status::{Halt, StatusCell};
 
 pub(crate) use checkpoint_guard::{guard_name, run_guarded};
+pub use lag::LagConfig;
 pub(crate) use leader::run_single_leader;
 pub(crate) use rng::Rng;
 pub use stream::AnyStream;
@@ -50,6 +52,8 @@ pub(crate) struct EngineOptions {
     pub(crate) unkeyed_concurrency: bool,
     /// Timing of the checkpoint guard of `AllInstances` streams without a configured identity.
     pub(crate) checkpoint_guard: LeaseConfig,
+    /// How lag against the source's history is sampled and judged.
+    pub(crate) lag: LagConfig,
 }
 
 /// Everything one stream task needs from the runtime.
@@ -58,6 +62,8 @@ pub(crate) struct StreamEnv {
     pub(crate) checkpoints: Arc<dyn CheckpointStore>,
     pub(crate) dead_letters: Option<Arc<dyn DeadLetterStore>>,
     pub(crate) status: Arc<StatusCell>,
+    /// Where the worker publishes its settled position for the lag sampler.
+    pub(crate) probe: Arc<lag::PositionProbe>,
     pub(crate) stop: watch::Receiver<bool>,
     pub(crate) options: Arc<EngineOptions>,
     /// The `_id` of this stream's checkpoint (the stream name, or `name@instance`).

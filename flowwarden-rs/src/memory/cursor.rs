@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bson::Document;
+use bson::{DateTime, Document};
 
 use super::faults::ReadFault;
 use super::oplog::{self, parse_token, OpKind};
@@ -13,7 +13,8 @@ use crate::definition::{FullDocument, FullDocumentBeforeChange};
 use crate::event::ResumeToken;
 use crate::matcher::pipeline::EventPipeline;
 use crate::port::{
-    ChangeCursor, ChangeSource, SourceError, SourceErrorKind, SourceItem, StartAt, WatchSpec,
+    ChangeCursor, ChangeSource, HistoryBounds, HistoryUnknown, SourceError, SourceErrorKind,
+    SourceItem, StartAt, WatchSpec,
 };
 
 /// MongoDB's wording, so logs read the same on both backends.
@@ -136,6 +137,29 @@ impl ChangeSource for MemoryBackend {
 
     fn describe(&self) -> String {
         "in-memory".into()
+    }
+
+    /// The write times of the oldest and newest retained entries (the backend's clock, virtual
+    /// under `tokio::time::pause`); both are "now" while nothing was written.
+    async fn history_bounds(&self) -> Result<HistoryBounds, HistoryUnknown> {
+        let st = self.lock();
+        let now = || self.wall_time();
+        Ok(HistoryBounds {
+            oldest: st.oplog.front().map_or_else(now, |e| e.wall),
+            newest: st.oplog.back().map_or_else(now, |e| e.wall),
+        })
+    }
+
+    /// The write time of the entry a token stands at; at the head of an empty oplog, now.
+    /// `None` once the entry is no longer retained.
+    fn position_time(&self, position: &ResumeToken) -> Option<DateTime> {
+        let seq = parse_token(position)?.seq;
+        let st = self.lock();
+        match st.entry(seq) {
+            Some(e) => Some(e.wall),
+            None if seq + 1 >= st.next_seq && st.oplog.is_empty() => Some(self.wall_time()),
+            None => None,
+        }
     }
 }
 

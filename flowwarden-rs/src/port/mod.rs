@@ -29,6 +29,7 @@ pub use driver::{
 };
 pub use lease::{check_fence, Fence, Lease, LeaseStore};
 pub use source::{
-    ChangeCursor, ChangeSource, SourceError, SourceErrorKind, SourceItem, StartAt, WatchSpec,
+    timestamp_time, ChangeCursor, ChangeSource, HistoryBounds, HistoryUnknown, SourceError,
+    SourceErrorKind, SourceItem, StartAt, WatchSpec,
 };
 pub use store_error::{StoreError, StoreErrorKind};

@@ -7,7 +7,7 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bson::{Document, Timestamp};
+use bson::{DateTime, Document, Timestamp};
 
 use crate::definition::{FullDocument, FullDocumentBeforeChange};
 use crate::event::ResumeToken;
@@ -124,6 +124,26 @@ impl SourceError {
     }
 }
 
+/// The retained history of a source at one moment: what lag and headroom are measured against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryBounds {
+    /// Time of the oldest retained entry (the first entry of MongoDB's oplog).
+    pub oldest: DateTime,
+    /// Time of the newest entry (the last operation written).
+    pub newest: DateTime,
+}
+
+/// Why a source cannot tell its history bounds (for example a MongoDB user without the
+/// privilege to read the oplog); the runtime then reports lag as unknown and logs this once.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct HistoryUnknown(pub String);
+
+/// The time of a cluster timestamp, to the second.
+pub fn timestamp_time(ts: Timestamp) -> DateTime {
+    DateTime::from_millis(i64::from(ts.time) * 1000)
+}
+
 /// A source of change events.
 #[async_trait]
 pub trait ChangeSource: Send + Sync + 'static {
@@ -136,6 +156,23 @@ pub trait ChangeSource: Send + Sync + 'static {
 
     /// A short description for logs (`in-memory`, a redacted URI...).
     fn describe(&self) -> String;
+
+    /// The times of the oldest and newest retained history entries, for lag and headroom.
+    /// The default says the source cannot tell.
+    async fn history_bounds(&self) -> Result<HistoryBounds, HistoryUnknown> {
+        Err(HistoryUnknown(format!(
+            "the source {} does not report its retained history",
+            self.describe()
+        )))
+    }
+
+    /// The time of a position of this source (an event's token or a post-batch token), on
+    /// the clock of [`ChangeSource::history_bounds`]. The default decodes the cluster time
+    /// MongoDB puts at the start of a token ([`ResumeToken::cluster_time`]); `None` when the
+    /// position's time cannot be told.
+    fn position_time(&self, position: &ResumeToken) -> Option<DateTime> {
+        position.cluster_time().map(timestamp_time)
+    }
 }
 
 /// An open cursor. The engine reads it from one task only and never drops a pending `next()`

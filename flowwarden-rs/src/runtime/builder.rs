@@ -10,7 +10,7 @@ use super::supervisor::Inner;
 use super::StartupError;
 use crate::backend::Backend;
 use crate::definition::LeaseConfig;
-use crate::engine::{AnyStream, EngineOptions};
+use crate::engine::{AnyStream, EngineOptions, LagConfig};
 use crate::handler::StreamHandler;
 use crate::port::BackendDriver;
 use crate::runtime::InstanceId;
@@ -64,6 +64,7 @@ impl Builder {
                 #[cfg(feature = "test-util")]
                 unkeyed_concurrency: false,
                 checkpoint_guard: LeaseConfig::DEFAULT,
+                lag: LagConfig::default(),
             },
         }
     }
@@ -198,6 +199,16 @@ impl Builder {
         self
     }
 
+    /// How lag against the source's retained history is sampled and judged: the interval
+    /// (default 5 s; zero turns sampling off), how long a Running stream behind its source may
+    /// make no progress before it counts as stalled (default 5 minutes; readiness then fails),
+    /// and the headroom fraction of the window below which a WARN is logged (default 0.2).
+    /// See docs/operations.md, "Lag and the oplog window".
+    pub fn lag_sampling(mut self, lag: LagConfig) -> Self {
+        self.options.lag = lag;
+        self
+    }
+
     /// Serves the HTTP admin API and `/metrics` on `addr` (feature `admin`; see
     /// `docs/operations.md`). Without this, `FLOWWARDEN_ADMIN_ADDR` is read at
     /// [`Builder::start`]; with neither, nothing is served. Port 0 binds a free port
@@ -232,6 +243,7 @@ impl Builder {
             log_warnings(s.definition(), &backend, &instance);
         }
         let handle = RuntimeHandle::new(Inner::new(streams, backend, self.options, instance));
+        super::lag_sampler::spawn(&handle.inner);
         #[cfg(feature = "admin")]
         if let Some(served) = crate::admin::launch(&handle, self.admin)
             .await

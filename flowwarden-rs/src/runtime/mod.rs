@@ -12,6 +12,7 @@ mod discovery;
 mod error;
 mod handle;
 mod instance;
+mod lag_sampler;
 mod signal;
 mod supervisor;
 

@@ -14,6 +14,7 @@ use tracing::{error, info};
 use super::ControlError;
 use crate::backend::Backend;
 use crate::definition::Deployment;
+use crate::engine::lag::PositionProbe;
 use crate::engine::{
     run_guarded, run_single_leader, AnyStream, EngineOptions, StreamEnv, StreamExit,
 };
@@ -24,6 +25,8 @@ use crate::status::{Halt, StatusCell, StreamState};
 pub(super) struct Slot {
     pub(super) stream: AnyStream,
     pub(super) status: Arc<StatusCell>,
+    /// The worker's settled position, for the lag sampler.
+    pub(super) probe: Arc<PositionProbe>,
     stop: watch::Sender<bool>,
     task: Option<JoinHandle<StreamExit>>,
 }
@@ -32,7 +35,7 @@ pub(super) struct Slot {
 pub(super) struct Inner {
     slots: Mutex<BTreeMap<&'static str, Slot>>,
     pub(super) backend: Backend,
-    options: Arc<EngineOptions>,
+    pub(super) options: Arc<EngineOptions>,
     pub(super) shutdown: watch::Sender<bool>,
     /// Notified whenever a stream task ends.
     pub(super) exited: Notify,
@@ -56,6 +59,7 @@ impl Inner {
                 let name = s.definition().name;
                 let slot = Slot {
                     status: Arc::new(StatusCell::new(name)),
+                    probe: Arc::new(PositionProbe::default()),
                     stream: s,
                     stop: watch::channel(false).0,
                     task: None,
@@ -113,6 +117,7 @@ impl Inner {
             checkpoints: self.backend.checkpoints.clone(),
             dead_letters: self.backend.dead_letters.clone(),
             status: slot.status.clone(),
+            probe: slot.probe.clone(),
             stop: stop_rx,
             options: self.options.clone(),
             checkpoint_key,

@@ -49,11 +49,12 @@ pub(crate) struct State {
     txns: HashMap<Vec<u8>, (i64, Document)>,
     /// The `host:port` this emulator announces as `me`.
     pub(crate) me: String,
-    /// Added to the real clock to give the server's time (`$$NOW`); moved by tests.
-    pub(crate) clock_offset_ms: i64,
     /// When set, `find` on `local.oplog.rs` fails with 13 Unauthorized, as for a user without
     /// the `find` privilege on the `local` database (common on managed clusters).
     pub(crate) deny_oplog_reads: bool,
+    /// When set, `serverStatus` fails with 13 Unauthorized, as for a user without the
+    /// `serverStatus` action (no `clusterMonitor`).
+    pub(crate) deny_server_status: bool,
     /// One-shot: the next change stream opened without a start option starts right after this
     /// oplog position, as if the later writes committed while the server was opening it.
     pub(crate) open_at_now_after: Option<u64>,
@@ -67,19 +68,15 @@ impl State {
             cursors: HashMap::new(),
             next_cursor: 7_000_000_001,
             txns: HashMap::new(),
-            clock_offset_ms: 0,
             deny_oplog_reads: false,
+            deny_server_status: false,
             open_at_now_after: None,
         }
     }
 
     /// The server's time: the real clock plus the test-controlled offset.
     pub(crate) fn now(&self) -> DateTime {
-        DateTime::from_millis(
-            DateTime::now()
-                .timestamp_millis()
-                .saturating_add(self.clock_offset_ms),
-        )
+        self.data.now()
     }
 
     pub(crate) fn new_cursor_id(&mut self) -> i64 {
@@ -1271,6 +1268,13 @@ fn repl_status(st: &mut State) -> CmdResult {
 /// `serverStatus`: a few identifying fields, and with `oplog: 1` the `oplog` section
 /// (`latestOptime`, `earliestOptime`) that a real `mongod` returns only when asked for it.
 fn server_status(st: &State, body: &Document) -> CmdResult {
+    if st.deny_server_status {
+        return Err(CommandError::new(
+            13,
+            "Unauthorized",
+            "not authorized on admin to execute command { serverStatus: 1 }",
+        ));
+    }
     let d = &st.data;
     let mut reply = doc! {
         "host": st.me.clone(),

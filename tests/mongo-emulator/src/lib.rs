@@ -181,14 +181,14 @@ impl Emulator {
         self.shared.faults().stepped_down = false;
     }
 
-    /// Moves the server's clock (`$$NOW` in queries and pipeline updates) forward by `by`, as
-    /// if that much time had passed on the server only: leases judged by server time expire
-    /// while the clients' own timers have not moved. The oplog's wall times keep the real
-    /// clock.
+    /// Moves the server's clock (`$$NOW` in queries and pipeline updates, the cluster and wall
+    /// times of later oplog entries) forward by `by`, as if that much time had passed on the
+    /// server only: leases judged by server time expire while the clients' own timers have
+    /// not moved, and a write after the jump is `by` newer than the one before it (for lag).
     pub fn advance_clock(&self, by: Duration) {
         let ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
         let mut st = self.shared.state();
-        st.clock_offset_ms = st.clock_offset_ms.saturating_add(ms);
+        st.data.clock_offset_ms = st.data.clock_offset_ms.saturating_add(ms);
     }
 
     /// The server's time now (the real clock plus every [`Emulator::advance_clock`]).
@@ -259,6 +259,12 @@ impl Emulator {
     /// Unauthorized, as for a user without the `find` privilege on `local`.
     pub fn deny_oplog_reads(&self, deny: bool) {
         self.shared.state().deny_oplog_reads = deny;
+    }
+
+    /// Refuses (`true`) or allows `serverStatus`: refused, it fails with 13 Unauthorized, as
+    /// for a user without the `serverStatus` action (role `clusterMonitor`).
+    pub fn deny_server_status(&self, deny: bool) {
+        self.shared.state().deny_server_status = deny;
     }
 
     /// Makes every write after `token` (a post-batch or event token of this emulator, e.g.

@@ -235,7 +235,7 @@ pub(crate) struct Token {
 }
 
 const TOKEN_VERSION: &str = "82";
-const TOKEN_LEN: usize = 2 + 16 + 2 + 4 + 8 + 8;
+const TOKEN_LEN: usize = 2 + 8 + 8 + 16 + 2 + 4;
 
 impl Token {
     /// The token of the event for `e`.
@@ -256,13 +256,16 @@ impl Token {
         }
     }
 
-    /// `{_data: "82" + position(16) + kind(2) + fragment(4) + time(8) + increment(8)}`,
-    /// uppercase hex, so that the string order is the oplog order: by position, then
-    /// event (and its fragments, in order) < invalidate < high-water mark.
+    /// `{_data: "82" + time(8) + increment(8) + position(16) + kind(2) + fragment(4)}`,
+    /// uppercase hex. Like a real server's token it starts with the type byte of a BSON
+    /// timestamp and the entry's cluster time, big-endian, so a client decodes the time of
+    /// any token (event or post-batch) the same way on both. Times grow with positions, so the
+    /// string order is the oplog order: by position, then event (and its fragments, in order)
+    /// < invalidate < high-water mark.
     pub(crate) fn to_document(self) -> Document {
         doc! {"_data": format!(
-            "{TOKEN_VERSION}{:016X}{:02X}{:04X}{:08X}{:08X}",
-            self.pos, self.kind as u8, self.fragment, self.ts.time, self.ts.increment
+            "{TOKEN_VERSION}{:08X}{:08X}{:016X}{:02X}{:04X}",
+            self.ts.time, self.ts.increment, self.pos, self.kind as u8, self.fragment
         )}
     }
 
@@ -290,16 +293,16 @@ impl Token {
                 .and_then(|s| u64::from_str_radix(s, 16).ok())
                 .ok_or_else(bad)
         };
-        let pos = hex(2..18)?;
-        let kind = match hex(18..20)? {
+        let time = u32::try_from(hex(2..10)?).map_err(|_| bad())?;
+        let increment = u32::try_from(hex(10..18)?).map_err(|_| bad())?;
+        let pos = hex(18..34)?;
+        let kind = match hex(34..36)? {
             0 => TokenKind::Event,
             1 => TokenKind::Invalidate,
             2 => TokenKind::HighWater,
             _ => return Err(bad()),
         };
-        let fragment = u16::try_from(hex(20..24)?).map_err(|_| bad())?;
-        let time = u32::try_from(hex(24..32)?).map_err(|_| bad())?;
-        let increment = u32::try_from(hex(32..40)?).map_err(|_| bad())?;
+        let fragment = u16::try_from(hex(36..40)?).map_err(|_| bad())?;
         if fragment != 0 && kind != TokenKind::Event {
             return Err(bad());
         }
@@ -321,6 +324,12 @@ pub(crate) struct Data {
     /// Position of the newest entry ever written (entries are numbered from 1).
     pub(crate) head_pos: u64,
     pub(crate) head_ts: Timestamp,
+    /// Time of the newest entry dropped from the oplog (zero before any), for the high-water
+    /// mark of a position that is no longer retained.
+    pub(crate) dropped_ts: Timestamp,
+    /// Added to the real clock to give the server's time (`$$NOW`, oplog times); moved by
+    /// tests through `Emulator::advance_clock`.
+    pub(crate) clock_offset_ms: i64,
     pub(crate) head_tx: watch::Sender<u64>,
 }
 
@@ -336,6 +345,11 @@ impl Data {
                 time: 0,
                 increment: 0,
             },
+            dropped_ts: Timestamp {
+                time: 0,
+                increment: 0,
+            },
+            clock_offset_ms: 0,
             head_tx,
         };
         d.log(String::new(), String::new(), false, OpKind::Noop);
@@ -354,8 +368,17 @@ impl Data {
         self.oplog.get(idx)
     }
 
+    /// The server's time: the real clock plus the test-controlled offset.
+    pub(crate) fn now(&self) -> DateTime {
+        DateTime::from_millis(
+            DateTime::now()
+                .timestamp_millis()
+                .saturating_add(self.clock_offset_ms),
+        )
+    }
+
     fn next_ts(&self) -> Timestamp {
-        let now = DateTime::now().timestamp_millis() / 1000;
+        let now = self.now().timestamp_millis() / 1000;
         let now = u32::try_from(now).unwrap_or(u32::MAX);
         if now > self.head_ts.time {
             Timestamp {
@@ -384,14 +407,14 @@ impl Data {
         self.oplog.push_back(Entry {
             pos: self.head_pos,
             ts,
-            wall: DateTime::now(),
+            wall: self.now(),
             db,
             coll,
             images,
             kind,
         });
         while self.oplog.len() > self.capacity {
-            self.oplog.pop_front();
+            self.drop_oldest();
         }
         ts
     }
@@ -408,7 +431,13 @@ impl Data {
         // Like a capped oplog, the newest entry always stays.
         let first = first.min(self.head_pos);
         while self.oplog.front().is_some_and(|e| e.pos < first) {
-            self.oplog.pop_front();
+            self.drop_oldest();
+        }
+    }
+
+    fn drop_oldest(&mut self) {
+        if let Some(e) = self.oplog.pop_front() {
+            self.dropped_ts = e.ts;
         }
     }
 
@@ -428,9 +457,14 @@ impl Data {
             .or_default()
     }
 
-    /// The token for "just after position `pos`" with the timestamp of that entry.
+    /// The token for "just after position `pos`" with the timestamp of that entry (of the
+    /// newest dropped one when `pos` is no longer retained, so tokens keep the oplog order).
     pub(crate) fn high_water(&self, pos: u64) -> Token {
-        let ts = self.entry(pos).map_or(self.head_ts, |e| e.ts);
+        let ts = match self.entry(pos) {
+            Some(e) => e.ts,
+            None if pos < self.first_pos() => self.dropped_ts,
+            None => self.head_ts,
+        };
         Token {
             ts,
             pos,
@@ -505,6 +539,26 @@ mod tests {
         assert_eq!(d.entry(5).map(|e| e.pos), Some(5));
         d.truncate_before(6);
         assert_eq!(d.first_pos(), 6);
+    }
+
+    #[test]
+    fn tokens_carry_the_cluster_time_where_a_real_server_puts_it() {
+        let mut d = Data::new(3);
+        for _ in 0..5 {
+            d.log("db".into(), "c".into(), false, OpKind::Drop);
+        }
+        let decode =
+            |t: Token| flowwarden::ResumeToken::from_document(t.to_document()).cluster_time();
+        let (pos, ts) = d.oplog.back().map(|e| (e.pos, e.ts)).expect("an entry");
+        let event = d.entry(pos).map(Token::event).expect("retained");
+        assert_eq!(decode(event), Some(ts));
+        assert_eq!(decode(d.high_water(pos)), Some(ts));
+        // The high-water mark of a dropped position keeps the oplog order: it sorts before
+        // every retained entry's token, never after them.
+        let s = |t: Token| t.to_document().get_str("_data").expect("string").to_owned();
+        let dropped = d.high_water(d.first_pos() - 1);
+        let first = d.entry(d.first_pos()).map(Token::event).expect("retained");
+        assert!(s(dropped) < s(first), "{} !< {}", s(dropped), s(first));
     }
 
     #[test]

@@ -313,7 +313,7 @@ async fn never_issued_or_malformed_tokens_are_refused() {
         let (_emu, client) = setup().await;
         let coll = client.database("d").collection::<Document>("c");
         let fake: mongodb::change_stream::event::ResumeToken = mongodb::bson::from_document(
-            doc! {"_data": format!("82{:016X}00{:04X}{:08X}{:08X}", 999_999u64, 0, 1, 1)},
+            doc! {"_data": format!("82{:08X}{:08X}{:016X}00{:04X}", 1, 1, 999_999u64, 0)},
         )
         .expect("token");
         let err = coll

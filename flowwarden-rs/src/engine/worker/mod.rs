@@ -58,6 +58,7 @@ pub(crate) async fn run_stream<H: StreamHandler>(
         restart_failures: 0,
         recent: RecentlySettled::new(4096),
         accepted_gap: None,
+        next_publish: tokio::time::Instant::now(),
         env,
     };
     worker.run().instrument(span).await
@@ -82,6 +83,8 @@ struct Worker<H: StreamHandler> {
     recent: RecentlySettled,
     /// A gap `on_history_lost` accepted, counted once the cursor opens there.
     accepted_gap: Option<AcceptedGap>,
+    /// When the settled position may next be published for the lag sampler.
+    next_publish: tokio::time::Instant,
 }
 
 impl<H: StreamHandler> Worker<H> {
@@ -140,6 +143,8 @@ impl<H: StreamHandler> Worker<H> {
                 Err(exit) => return self.exit(exit).await,
             };
             self.env.status.set_state(StreamState::Running);
+            self.env.probe.set_caught_up(false);
+            self.publish_position(true);
             let end = self.session(cursor).await;
             self.progress.tracker.abandon_unsettled();
             if let Some(now) = self.progress.tracker.settled_seen() {

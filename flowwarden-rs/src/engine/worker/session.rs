@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::DateTime;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tracing::{debug, info, warn, Instrument};
@@ -13,6 +12,7 @@ use tracing::{debug, info, warn, Instrument};
 use super::backoff::stopped;
 use super::{SessionEnd, Worker};
 use crate::definition::StreamDefinition;
+use crate::engine::lag::PUBLISH_EVERY;
 use crate::engine::process::{process_event, EventOutcome, ProcessCx};
 use crate::engine::reader::{read_loop, ReadResult};
 use crate::engine::tracker::{Settlement, Ticket};
@@ -25,17 +25,33 @@ use crate::status::{Halt, HaltReason};
 
 impl<H: StreamHandler> Worker<H> {
     pub(super) fn receive_idle(&mut self, token: ResumeToken) {
-        if self.progress.tracker.unsettled() == 0
-            && self.progress.tracker.settled_seen().map(|p| &p.token) == Some(&token)
-        {
+        let tracker = &mut self.progress.tracker;
+        if tracker.unsettled() > 0 || tracker.settled_seen().map(|p| &p.token) != Some(&token) {
+            tracker.receive_idle(StoredPosition {
+                token,
+                cluster_time: None,
+                wall_time: None,
+                start_after: false,
+            });
+        }
+        // An empty batch after everything received settled: nothing is behind.
+        self.env
+            .probe
+            .set_caught_up(self.progress.tracker.unsettled() == 0);
+        self.publish_position(true);
+    }
+
+    /// Tells the lag sampler the settled position: at once when `now`, otherwise at most
+    /// every [`PUBLISH_EVERY`], so a busy stream pays for it rarely.
+    pub(super) fn publish_position(&mut self, now: bool) {
+        let at = Instant::now();
+        if !now && at < self.next_publish {
             return;
         }
-        self.progress.tracker.receive_idle(StoredPosition {
-            token,
-            cluster_time: None,
-            wall_time: None,
-            start_after: false,
-        });
+        self.next_publish = at + PUBLISH_EVERY;
+        if let Some(p) = self.progress.tracker.settled_seen() {
+            self.env.probe.publish(&p.token);
+        }
     }
 
     pub(super) async fn session(&mut self, cursor: Box<dyn ChangeCursor>) -> SessionEnd {
@@ -135,10 +151,7 @@ impl<H: StreamHandler> Worker<H> {
             }
         };
         self.metrics.received.increment(1);
-        if let Some(wall) = event.wall_time() {
-            let lag_ms = DateTime::now().timestamp_millis() - wall.timestamp_millis();
-            self.metrics.lag.set(lag_ms as f64 / 1000.0);
-        }
+        self.env.probe.set_caught_up(false);
         let redelivered = self.recent.contains(event.token());
         if redelivered {
             self.metrics.redelivered.increment(1);
@@ -176,6 +189,7 @@ impl<H: StreamHandler> Worker<H> {
         save_now: bool,
     ) -> Option<SessionEnd> {
         self.progress.tracker.settle(admitted.ticket, how);
+        self.publish_position(false);
         if how != Settlement::Filtered && how != Settlement::Unrouted {
             self.recent.insert(admitted.event.token());
         }

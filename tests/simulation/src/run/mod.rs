@@ -336,7 +336,13 @@ impl Sim<'_> {
             .dead_letter_write_attempts(s.dead_letter_write_attempts)
             .checkpoint_on_receipt(self.opts.checkpoint_on_receipt)
             .checkpoint_highest_completed(self.opts.checkpoint_highest_completed)
-            .unkeyed_concurrency(self.opts.unkeyed_concurrency);
+            .unkeyed_concurrency(self.opts.unkeyed_concurrency)
+            // Lag sampling observes, it decides nothing; off, so that schedules (and the seeds
+            // of known regressions) replay exactly as recorded.
+            .lag_sampling(flowwarden::LagConfig {
+                interval: Duration::ZERO,
+                ..flowwarden::LagConfig::default()
+            });
         if self.leader.is_some() {
             builder = builder.instance_id(id);
         } else if self.shared() {
