@@ -15,6 +15,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::doc;
@@ -337,11 +338,20 @@ async fn runtime(backend: &MemoryBackend, healthy: &Probe) -> Runtime {
         doc! {"_id": "scarred", "lastSeenToken": 42, "updatedAt": bson::DateTime::now()},
     );
     let scarred_def = def("scarred", |_| {});
+    // `stuck` never finishes its first event: behind, no progress, stalled after 1 s.
+    let stuck = stalling_on(1, Arc::new(tokio::sync::Notify::new()));
+    let stuck_def = def("stuck", |_| {});
     let rt = start_with(backend, healthy, def("healthy", |_| {}), |b| {
         b.admin("127.0.0.1:0".parse().unwrap())
             .admin_token(TOKEN)
             .any_stream(AnyStream::with_definition(failing, failing_def))
             .any_stream(AnyStream::with_definition(Probe::default(), scarred_def))
+            .any_stream(AnyStream::with_definition(stuck, stuck_def))
+            .lag_sampling(flowwarden::LagConfig {
+                interval: Duration::from_millis(200),
+                stall_after: Duration::from_secs(1),
+                headroom_warn_fraction: 0.2,
+            })
     })
     .await;
     wait_status(&rt, "scarred", |s| s.halt.is_some()).await;
@@ -419,6 +429,40 @@ async fn the_status_page_shows_the_streams_and_dead_letters_and_its_buttons_work
             .await
             .as_deref(),
         Some("docs/runbooks/corrupt-checkpoint.md")
+    );
+    // Lag: the healthy stream is caught up with its headroom shown; the stuck one is shown
+    // stalled, with its runbook.
+    eventually("the lag columns and the stall are shown", || async {
+        driver
+            .text_of("[data-testid=\"lag-healthy\"]")
+            .await
+            .as_deref()
+            == Some("caught up")
+            && driver
+                .attribute_of("[data-testid=\"state-stuck\"]", "data-stalled")
+                .await
+                .as_deref()
+                == Some("true")
+    })
+    .await;
+    let headroom = driver
+        .text_of("[data-testid=\"headroom-healthy\"]")
+        .await
+        .unwrap_or_default();
+    assert!(headroom.contains(" of "), "{headroom}");
+    assert_eq!(
+        driver
+            .text_of("[data-testid=\"state-stuck\"]")
+            .await
+            .as_deref(),
+        Some("stalled")
+    );
+    assert_eq!(
+        driver
+            .text_of("[data-testid=\"runbook-stuck\"]")
+            .await
+            .as_deref(),
+        Some("docs/runbooks/stalled.md")
     );
     let healthy_row = driver
         .text_of("[data-testid=\"stream-healthy\"]")

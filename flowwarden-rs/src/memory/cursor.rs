@@ -150,13 +150,15 @@ impl ChangeSource for MemoryBackend {
         })
     }
 
-    /// The write time of the entry a token stands at; at the head of an empty oplog, now.
-    /// `None` once the entry is no longer retained.
+    /// The write time of the entry a token stands at; before the first write, the backend's
+    /// creation; at the head of an emptied oplog, now. `None` once the entry is no longer
+    /// retained.
     fn position_time(&self, position: &ResumeToken) -> Option<DateTime> {
         let seq = parse_token(position)?.seq;
         let st = self.lock();
         match st.entry(seq) {
             Some(e) => Some(e.wall),
+            None if seq == 0 => Some(self.epoch_time()),
             None if seq + 1 >= st.next_seq && st.oplog.is_empty() => Some(self.wall_time()),
             None => None,
         }

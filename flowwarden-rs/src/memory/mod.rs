@@ -165,8 +165,15 @@ impl MemoryBackend {
 
     pub(crate) fn wall_time(&self) -> bson::DateTime {
         // Virtual under `tokio::time::pause`, so simulations are deterministic.
-        const BASE_MS: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
-        bson::DateTime::from_millis(BASE_MS + self.shared.epoch.elapsed().as_millis() as i64)
+        bson::DateTime::from_millis(Self::EPOCH_MS + self.shared.epoch.elapsed().as_millis() as i64)
+    }
+
+    /// The backend's clock starts at 2026-01-01T00:00:00Z when it is created.
+    const EPOCH_MS: i64 = 1_767_225_600_000;
+
+    /// The time the backend was created, on its clock.
+    pub(crate) fn epoch_time(&self) -> bson::DateTime {
+        bson::DateTime::from_millis(Self::EPOCH_MS)
     }
 
     pub(crate) fn notify_appended(&self) {
