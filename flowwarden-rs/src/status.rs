@@ -144,6 +144,9 @@ pub struct StreamStatus {
     /// Where the stream stands against its source's retained history; `None` until the
     /// first sample (taken every few seconds while the runtime runs).
     pub lag: Option<LagStatus>,
+    /// The last checkpoint this process stored for the stream (both positions, their times,
+    /// when it was written); `None` until the first save.
+    pub checkpoint: Option<crate::port::Checkpoint>,
 }
 
 /// A stream's lag against its source's retained history (MongoDB's oplog window), as last
@@ -202,6 +205,7 @@ impl StatusCell {
                 halt: None,
                 counters: StreamCounters::default(),
                 lag: None,
+                checkpoint: None,
             }),
             changed: tokio::sync::Notify::new(),
         }

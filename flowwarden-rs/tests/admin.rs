@@ -623,5 +623,16 @@ async fn the_stream_schema_documents_every_field_the_api_serves() {
     assert_eq!(keys(&served), documented("Stream"));
     assert_eq!(keys(&served["lag"]), documented("Lag"));
     assert_eq!(keys(&served["counters"]), documented("Counters"));
+    wait_status(&rt, "described", |s| s.checkpoint.is_some()).await;
+    let served = api.get("/streams/described").await.json();
+    assert_eq!(keys(&served["checkpoint"]), documented("Checkpoint"));
+    assert_eq!(
+        keys(&served["checkpoint"]["last_seen"]),
+        documented("Position")
+    );
+    assert!(
+        served["checkpoint"]["last_seen"]["token"]["_data"].is_string(),
+        "{served}"
+    );
     rt.shutdown().await;
 }

@@ -8,6 +8,7 @@ use serde::Serialize;
 use super::error::ApiError;
 use super::router::AppState;
 use crate::definition::{Deployment, StreamDefinition};
+use crate::port::{Checkpoint, StoredPosition};
 use crate::runtime::{ControlError, RuntimeHandle};
 use crate::status::{LagStatus, StreamCounters, StreamState, StreamStatus};
 
@@ -107,6 +108,46 @@ impl From<LagStatus> for LagView {
     }
 }
 
+/// One stored position: the token as relaxed extended JSON, its times.
+#[derive(Serialize)]
+struct PositionView {
+    token: serde_json::Value,
+    cluster_time: Option<String>,
+    wall_time: Option<String>,
+    start_after: bool,
+}
+
+impl From<&StoredPosition> for PositionView {
+    fn from(p: &StoredPosition) -> Self {
+        Self {
+            token: bson::Bson::Document(p.token.as_document().clone()).into_relaxed_extjson(),
+            cluster_time: p
+                .cluster_time
+                .map(|ts| format!("{}.{}", ts.time, ts.increment)),
+            wall_time: p.wall_time.map(date),
+            start_after: p.start_after,
+        }
+    }
+}
+
+/// The last checkpoint this process stored.
+#[derive(Serialize)]
+struct CheckpointView {
+    last_seen: Option<PositionView>,
+    last_processed: Option<PositionView>,
+    saved_at: String,
+}
+
+impl From<&Checkpoint> for CheckpointView {
+    fn from(c: &Checkpoint) -> Self {
+        Self {
+            last_seen: c.last_seen.as_ref().map(PositionView::from),
+            last_processed: c.last_processed.as_ref().map(PositionView::from),
+            saved_at: date(c.updated_at),
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct DeploymentView {
     mode: &'static str,
@@ -147,6 +188,8 @@ pub(crate) struct StreamView {
     counters: CountersView,
     /// `null` until the first lag sample.
     lag: Option<LagView>,
+    /// `null` until this process stored a checkpoint of the stream.
+    checkpoint: Option<CheckpointView>,
     /// `null`: the backend's default database.
     database: Option<&'static str>,
     collection: Option<&'static str>,
@@ -168,6 +211,7 @@ impl StreamView {
             }),
             counters: status.counters.into(),
             lag: status.lag.map(LagView::from),
+            checkpoint: status.checkpoint.as_ref().map(CheckpointView::from),
             database: def.and_then(|d| d.database),
             collection: def.map(|d| d.collection),
             enabled: def.map(|d| d.enabled),

@@ -390,6 +390,32 @@ mod tests {
     }
 
     #[test]
+    fn headroom_below_the_fraction_of_the_window_is_flagged_once_per_crossing() {
+        let cfg = LagConfig::default();
+        let t0 = Instant::now();
+        // A 1,000 s window; 20% of it is 200 s of headroom.
+        let b = bounds(0, 1_000);
+        let mut m = LagMonitor::new("s", t0);
+        let observe = |m: &mut LagMonitor, token: &str, position: i64| {
+            let s = sample(&b, token, position, StreamState::Running, t0);
+            m.observe(s, &cfg).headroom_seconds
+        };
+        assert_eq!(observe(&mut m, "01", 700), Some(700.0));
+        assert!(!m.headroom_low);
+        assert_eq!(observe(&mut m, "02", 201), Some(201.0));
+        assert!(!m.headroom_low, "201 s is not below 200 s");
+        assert_eq!(observe(&mut m, "03", 150), Some(150.0));
+        assert!(m.headroom_low);
+        observe(&mut m, "04", 100);
+        assert!(
+            m.headroom_low,
+            "still low: no second warning, the flag stays"
+        );
+        observe(&mut m, "05", 900);
+        assert!(!m.headroom_low, "back above: re-armed");
+    }
+
+    #[test]
     fn a_stream_that_is_not_behind_or_not_running_never_stalls() {
         let cfg = LagConfig {
             stall_after: Duration::from_secs(60),

@@ -48,7 +48,10 @@ impl Progress {
             Ok(()) => {
                 self.tracker.mark_saved();
                 self.saved.increment(1);
-                self.status.update(|s| s.counters.checkpoints_saved += 1);
+                self.status.update(|s| {
+                    s.counters.checkpoints_saved += 1;
+                    s.checkpoint = Some(snapshot);
+                });
                 Ok(())
             }
             Err(e) if e.kind == StoreErrorKind::Fenced => Err(Halt::new(
