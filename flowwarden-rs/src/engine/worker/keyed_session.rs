@@ -2,7 +2,8 @@
 //!
 //! Events are registered with the tracker in receive order (so the checkpoint stays the
 //! contiguous settled prefix, whatever order they finish in), queued by key
-//! ([`KeyedQueue`]), and started when their key and the bound allow. Their processing runs
+//! ([`KeyedQueue`]; the key is the `documentKey` or the `#[key]` method's value, see
+//! [`event_key`]), and started when their key and the bound allow. Their processing runs
 //! concurrently inside the stream's task (handlers are async; blocking handlers already run on
 //! the blocking pool). The reader is not read while `max_in_flight` events are received and
 //! unsettled: backpressure, never an unbounded queue.
