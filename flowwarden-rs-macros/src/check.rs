@@ -12,6 +12,7 @@ use crate::sig::ParamKind;
 pub(crate) fn stream(cx: &Ctxt, s: &Stream, any_handler_attr: bool) {
     check_has_handler(cx, s, any_handler_attr);
     check_filter_with_delete(cx, s);
+    check_key_needs_concurrency(cx, s);
     for h in &s.handlers {
         check_document_availability(cx, s, h);
     }
@@ -40,6 +41,33 @@ fn check_filter_with_delete(cx: &Ctxt, s: &Stream) {
             delete.ident
         ),
     );
+}
+
+/// A `#[key]` only changes which events may run at the same time; with one event at a time it
+/// could never have an effect, so it is rejected rather than silently ignored.
+fn check_key_needs_concurrency(cx: &Ctxt, s: &Stream) {
+    let Some(key) = &s.key else {
+        return;
+    };
+    match s.concurrency.concurrency {
+        // `concurrency = 0` is reported on its own.
+        Some(0) => {}
+        Some(1) => cx.error_at(
+            key.attr_span,
+            format!(
+                "#[key] orders events only with concurrency > 1: `{}` would never be called, since with `concurrency = 1` every event already runs alone, in stream order; raise `concurrency` in #[change_stream(..)], or remove #[key]",
+                key.ident
+            ),
+        ),
+        None => cx.error_at(
+            key.attr_span,
+            format!(
+                "#[key] orders events only with concurrency > 1: `{}` would never be called, since without `concurrency = N` (default 1) every event already runs alone, in stream order; add e.g. `concurrency = 8` to #[change_stream(..)], or remove #[key]",
+                key.ident
+            ),
+        ),
+        Some(_) => {}
+    }
 }
 
 fn check_document_availability(cx: &Ctxt, s: &Stream, h: &Handler) {

@@ -41,6 +41,7 @@ pub(crate) fn expand(s: &Stream) -> TokenStream {
     let filter = filter(s);
     let handle = handle(s);
     let on_error = on_error(s);
+    let key = key(s);
     quote! {
         const _: () = {
             #[automatically_derived]
@@ -52,6 +53,7 @@ pub(crate) fn expand(s: &Stream) -> TokenStream {
                 #filter
                 #handle
                 #on_error
+                #key
             }
 
             #[doc(hidden)]
@@ -334,6 +336,31 @@ fn on_error(s: &Stream) -> TokenStream {
         ) -> ::core::option::Option<#p::ErrorAction> {
             #check
             ::core::option::Option::Some(__fw_action)
+        }
+    }
+}
+
+fn key(s: &Stream) -> TokenStream {
+    let Some(h) = &s.key else {
+        return TokenStream::new();
+    };
+    let p = private(&s.krate);
+    let self_ty = &s.self_ty;
+    let ident = &h.ident;
+    // The bound `#ret: Hash` is checked on the user's return type (through `EventKeyHash` and
+    // its `on_unimplemented` hint). No type is written on `__fw_key`, so `impl Hash` and
+    // borrowed keys work.
+    let span = h.sig.ret.span();
+    let hash = quote_spanned! {span=>
+        #p::EventKeyHash::event_key_hash(&__fw_key)
+    };
+    quote! {
+        fn key(
+            &self,
+            __fw_ctx: &#p::ChangeContext<Self::Document>,
+        ) -> ::core::option::Option<::core::primitive::u64> {
+            let __fw_key = <#self_ty>::#ident(self, __fw_ctx);
+            ::core::option::Option::Some(#hash)
         }
     }
 }

@@ -108,11 +108,11 @@ fn finish(
 /// # Method attributes
 ///
 /// `#[on_insert]`, `#[on_update]`, `#[on_replace]`, `#[on_delete]`, `#[on_change]` (every
-/// operation without a typed handler), `#[pipeline]`, `#[filter]` and `#[on_error]`. Several
-/// handler attributes may be stacked on one method. Handlers are `async fn` or plain `fn`
-/// (run on the blocking pool), take `&self` and then `(ctx: &ChangeContext<T>)`,
-/// `(doc: T)`, `(doc: T, ctx: &ChangeContext<T>)` or the same with `Option<T>`, and return
-/// `()` or `Result<(), E>` with `E: Into<HandlerError>`.
+/// operation without a typed handler), `#[pipeline]`, `#[filter]`, `#[on_error]` and `#[key]`
+/// (with `concurrency = N > 1`). Several handler attributes may be stacked on one method.
+/// Handlers are `async fn` or plain `fn` (run on the blocking pool), take `&self` and then
+/// `(ctx: &ChangeContext<T>)`, `(doc: T)`, `(doc: T, ctx: &ChangeContext<T>)` or the same with
+/// `Option<T>`, and return `()` or `Result<(), E>` with `E: Into<HandlerError>`.
 ///
 /// See `docs/attributes.md` for every rule and the equivalent code without the macro, and
 /// `docs/errors.md` for the compile errors.
@@ -268,6 +268,16 @@ method_attribute!(
     /// `fn(&self, ctx: &ChangeContext<T>) -> bool`, not async. `false` settles the event
     /// unhandled. At most one per stream; not combinable with `#[on_delete]`.
     filter
+);
+method_attribute!(
+    /// Orders events by a key of the user's choice instead of their `documentKey`, with
+    /// `#[change_stream(concurrency = N)]` and `N > 1` (with `concurrency = 1` it is a compile
+    /// error): `fn(&self, ctx: &ChangeContext<T>) -> K` where `K: Hash`, not async. Events whose
+    /// keys are equal run one at a time in stream order; different keys run in parallel.
+    /// Events without a document key (`drop`, `rename`, `dropDatabase`, `invalidate`, unknown
+    /// types) stay barriers and the method is not called for them; an event whose document does
+    /// not decode into `T` is ordered by its `documentKey`. At most one per stream.
+    key
 );
 method_attribute!(
     /// Decides what happens after a failed attempt:

@@ -35,8 +35,8 @@ pub(crate) struct HandlerSig {
     pub(crate) ret: Option<Type>,
 }
 
-/// A checked pipeline, filter or error hook: only its return type is needed, for the checks
-/// written on it.
+/// A checked pipeline, filter, error hook or key: only its return type is needed, for the
+/// checks written on it.
 #[derive(Clone, Debug)]
 pub(crate) struct HookSig {
     pub(crate) ret: Type,
@@ -294,6 +294,49 @@ pub(crate) fn filter(cx: &Ctxt, sig: &Signature) -> Option<HookSig> {
         cx.error_at(
             sig.ident.span(),
             format!("#[filter] must return `bool`: {shape}"),
+        );
+        ok = false;
+    }
+    ok.then(|| HookSig { ret: ret_type(sig) })
+}
+
+/// Checks a `#[key]`: `fn name(&self, ctx: &ChangeContext<T>) -> K` where `K: Hash` (rustc
+/// checks the bound on the return type, through the generated code).
+pub(crate) fn key(cx: &Ctxt, sig: &Signature) -> Option<HookSig> {
+    let what = "#[key]";
+    let shape = "`fn(&self, ctx: &ChangeContext<T>) -> K` where `K: Hash` (e.g. `String`, `u64`, `(String, i32)`, `Option<String>`)";
+    let mut ok = plain_fn(cx, sig, what);
+    if let Some(a) = &sig.asyncness {
+        cx.error_spanned_by(
+            a,
+            format!("#[key] cannot be `async`: it runs on every event as it is received, to decide which events it must wait for; compute the key from the context: {shape}"),
+        );
+        ok = false;
+    }
+    ok &= ref_self(cx, sig, what, shape);
+    let typed: Vec<&syn::PatType> = sig
+        .inputs
+        .iter()
+        .filter_map(|i| match i {
+            FnArg::Typed(t) => Some(t),
+            FnArg::Receiver(_) => None,
+        })
+        .collect();
+    match typed.as_slice() {
+        // The document (or anything else) instead of the context: say where the document is.
+        [only] if !is_context(&only.ty) => {
+            cx.error_spanned_by(
+                &only.ty,
+                format!("wrong #[key] signature: take the context, `ctx: &ChangeContext<T>`, and read the document through it (`ctx.document()`, `ctx.document_key()`): {shape}"),
+            );
+            ok = false;
+        }
+        _ => ok &= hook_params(cx, sig, &[HookParam::Context], what, shape),
+    }
+    if let ReturnType::Default = sig.output {
+        cx.error_at(
+            sig.ident.span(),
+            format!("#[key] must return the key that orders events: {shape}"),
         );
         ok = false;
     }

@@ -29,6 +29,7 @@ pub(crate) const ON_CHANGE: &str = "on_change";
 pub(crate) const PIPELINE: &str = "pipeline";
 pub(crate) const FILTER: &str = "filter";
 pub(crate) const ON_ERROR: &str = "on_error";
+pub(crate) const KEY: &str = "key";
 
 // Keys of #[change_stream].
 pub(crate) const NAME: &str = "name";

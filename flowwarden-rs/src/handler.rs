@@ -49,6 +49,24 @@ pub trait StreamHandler: Send + Sync + 'static {
         let _ = (error, ctx);
         None
     }
+
+    /// `#[key]`: the hash of the key that orders this event against others when the stream
+    /// runs with `concurrency = N > 1`; `None` (the default) orders it by its `documentKey`.
+    ///
+    /// Events whose keys hash equally run one at a time, in stream order; different keys run in
+    /// parallel. It is called once per event, when the event is received, and only for events
+    /// with a document key whose document decoded into [`Self::Document`]: events without a
+    /// document key (`drop`, `rename`, `dropDatabase`, `invalidate`, unknown types) are
+    /// barriers whatever this returns, and an event that does not decode is ordered by its
+    /// `documentKey` (and then dead-lettered, as with `concurrency = 1`). A panic here makes the
+    /// event a barrier. With `concurrency = 1` it is never called.
+    ///
+    /// The generated code hashes the user's value with the standard library's
+    /// `DefaultHasher`; a hand-written implementation may return any 64-bit hash.
+    fn key(&self, ctx: &ChangeContext<Self::Document>) -> Option<u64> {
+        let _ = ctx;
+        None
+    }
 }
 
 /// Names the collection a document type lives in, so `#[change_stream(document = T)]` can

@@ -101,6 +101,6 @@ pub use status::{Halt, HaltReason, LagStatus, StreamCounters, StreamState, Strea
 
 #[doc(inline)]
 pub use flowwarden_rs_macros::{
-    change_stream, checkpoint, filter, on_change, on_delete, on_error, on_insert, on_replace,
+    change_stream, checkpoint, filter, key, on_change, on_delete, on_error, on_insert, on_replace,
     on_update, pipeline, restart, retry,
 };

@@ -2,6 +2,7 @@
 //! release. Generated code reaches the runtime only through this module.
 
 use std::future::Future;
+use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 
 pub use ::bson;
@@ -101,5 +102,25 @@ pub trait PipelineStages {
 impl PipelineStages for Vec<bson::Document> {
     fn into_stages(self) -> Vec<bson::Document> {
         self
+    }
+}
+
+/// What a `#[key]` may return: any `Hash` value. Generated code hashes the key through this
+/// trait, spanned on the user's return type, so a key that is not `Hash` is reported there.
+#[diagnostic::on_unimplemented(
+    message = "a #[key] must return a value that implements `Hash`, not `{Self}`",
+    label = "this key type is not `Hash`",
+    note = "return e.g. a `String`, an integer, an `Option` or a tuple of them, or derive `Hash` (with `PartialEq` and `Eq`) on your own key type"
+)]
+pub trait EventKeyHash {
+    /// The key's 64-bit hash (`DefaultHasher`, stable within one process).
+    fn event_key_hash(&self) -> u64;
+}
+
+impl<K: Hash + ?Sized> EventKeyHash for K {
+    fn event_key_hash(&self) -> u64 {
+        let mut hasher = std::hash::DefaultHasher::new();
+        self.hash(&mut hasher);
+        hasher.finish()
     }
 }

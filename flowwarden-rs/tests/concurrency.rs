@@ -1,6 +1,7 @@
 //! Keyed concurrency (`#[change_stream(concurrency = N)]`) on the in-memory backend, in virtual
 //! time: same key in order and one at a time, different keys in parallel, barriers, the
-//! `max_in_flight` bound, the checkpoint on the settled prefix, halts and stops.
+//! `max_in_flight` bound, the checkpoint on the settled prefix, halts and stops, and a `#[key]`
+//! method that orders by a field of the document instead of the `documentKey`.
 
 mod support;
 
@@ -8,7 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
-use flowwarden::{ConcurrencyConfig, ErrorAction, HaltReason, HandlerError, MemoryBackend};
+use flowwarden::{
+    change_stream, checkpoint, ChangeContext, ConcurrencyConfig, ErrorAction, HaltReason,
+    HandlerError, MemoryBackend,
+};
 use futures::FutureExt;
 use support::*;
 use tokio::sync::Notify;
@@ -366,4 +370,119 @@ async fn a_stop_waits_for_the_in_flight_handlers_then_checkpoints_the_settled_pr
     let (seen, processed) = stored_tokens(&backend, "stopping");
     assert_eq!(seen.as_deref(), Some(token_of(3).as_str()));
     assert_eq!(processed.as_deref(), Some(token_of(3).as_str()));
+}
+
+/// An order as the `#[key]` stream below decodes it.
+#[derive(Debug, serde::Deserialize)]
+struct Order {
+    #[serde(rename = "_id")]
+    id: i32,
+    customer: String,
+    ms: u64,
+}
+
+/// Keyed by `customer` (a field of the full document), not by `documentKey`.
+#[derive(Clone, Default)]
+struct ByCustomer {
+    runs: Runs,
+}
+
+#[change_stream(name = "by-customer", collection = "orders", document = Order, concurrency = 4)]
+#[checkpoint(save_every_n = 1)]
+impl ByCustomer {
+    #[key]
+    fn customer(&self, ctx: &ChangeContext<Order>) -> Option<String> {
+        ctx.document().map(|o| o.customer.clone())
+    }
+
+    #[on_insert]
+    async fn created(&self, order: Order) {
+        let i = self.runs.begin(
+            format!("{} {}", order.customer, order.id),
+            Some(Bson::String(order.customer.clone())),
+        );
+        tokio::time::sleep(Duration::from_millis(order.ms)).await;
+        self.runs.end(i);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_method_orders_by_its_value_instead_of_the_document_key() {
+    init_logs();
+    let backend = MemoryBackend::new();
+    let stream = ByCustomer::default();
+    let runs = stream.runs.clone();
+    let rt = flowwarden::builder()
+        .discover(false)
+        .stream(stream)
+        .backend(backend.clone())
+        .seed(7)
+        .max_await(Duration::from_millis(200))
+        .start()
+        .await
+        .expect("runtime starts");
+    wait_status(&rt, "by-customer", |s| {
+        s.state == flowwarden::StreamState::Running
+    })
+    .await;
+    let c = backend.collection("orders");
+    // Five documents (five documentKeys), two customers. ada's first order is slow.
+    c.insert_one(doc! {"_id": 1, "customer": "ada", "ms": 300})
+        .unwrap();
+    c.insert_one(doc! {"_id": 2, "customer": "ada", "ms": 100})
+        .unwrap();
+    c.insert_one(doc! {"_id": 3, "customer": "bob", "ms": 100})
+        .unwrap();
+    c.insert_one(doc! {"_id": 4, "customer": "ada", "ms": 100})
+        .unwrap();
+    c.insert_one(doc! {"_id": 5, "customer": "bob", "ms": 100})
+        .unwrap();
+    // Does not decode into `Order`: not keyed by the method (it is never called), ordered by
+    // its documentKey, and dead-lettered as with `concurrency = 1`.
+    c.insert_one(doc! {"_id": 6, "customer": 42, "ms": 100})
+        .unwrap();
+    wait_status(&rt, "by-customer", |s| {
+        s.counters.handled == 5 && s.counters.dead_lettered == 1
+    })
+    .await;
+    rt.shutdown().await;
+
+    let all = runs.all();
+    let of = |customer: &str| -> Vec<Run> {
+        all.iter()
+            .filter(|r| r.key == Some(Bson::String(customer.to_owned())))
+            .cloned()
+            .collect()
+    };
+    let (ada, bob) = (of("ada"), of("bob"));
+    let labels = |runs: &[Run]| runs.iter().map(|r| r.label.clone()).collect::<Vec<_>>();
+    assert_eq!(
+        labels(&ada),
+        ["ada 1", "ada 2", "ada 4"],
+        "ada in stream order"
+    );
+    assert_eq!(labels(&bob), ["bob 3", "bob 5"], "bob in stream order");
+    // The proof that the key method is used: orders 1, 2 and 4 have three different
+    // documentKeys, so ordered by documentKey (the key method ignored) all four first orders
+    // would start at once with concurrency = 4, and "ada 2" would start while the slow "ada 1"
+    // still runs. Ordered by customer, each order of ada starts only after the previous one
+    // finished.
+    for runs in [&ada, &bob] {
+        for w in runs.windows(2) {
+            assert!(
+                w[0].end.is_some_and(|e| e <= w[1].start),
+                "one customer, one order at a time: {w:?}"
+            );
+        }
+    }
+    // Different customers still run in parallel: bob's orders ran while ada's slow first one
+    // did.
+    let slow_end = ada[0].end.expect("finished");
+    assert!(
+        bob.iter().all(|r| r.start < slow_end),
+        "bob waited for ada: {all:?}"
+    );
+    let (seen, processed) = stored_tokens(&backend, "by-customer");
+    assert_eq!(processed.as_deref(), Some(token_of(6).as_str()));
+    assert_eq!(seen.as_deref(), Some(token_of(6).as_str()));
 }

@@ -382,6 +382,48 @@ fn without_hooks_the_trait_defaults_apply() {
         None
     );
     assert!(<Router as StreamHandler>::pipeline().is_empty());
+    assert_eq!(
+        StreamHandler::key(&router, &ctx),
+        None,
+        "no #[key]: ordered by documentKey"
+    );
+}
+
+/// Keyed by the document's status.
+#[derive(Default)]
+struct ByStatus;
+
+#[change_stream(collection = "orders", document = Order, concurrency = 4)]
+impl ByStatus {
+    #[key]
+    fn status(&self, ctx: &ChangeContext<Order>) -> Option<String> {
+        ctx.document().map(|o| o.status.clone())
+    }
+
+    #[on_insert]
+    async fn created(&self, _order: Order) {}
+}
+
+#[test]
+fn the_key_method_hashes_the_users_value() {
+    let s = ByStatus;
+    let key = |status: &str| {
+        let ctx: ChangeContext<Order> = context("by-status", with_document("insert", status));
+        StreamHandler::key(&s, &ctx)
+    };
+    let paid = key("PAID");
+    assert!(paid.is_some());
+    assert_eq!(paid, key("PAID"), "equal values, equal hashes");
+    assert_ne!(paid, key("OPEN"));
+    let none: ChangeContext<Order> = context("by-status", event("delete"));
+    assert_eq!(
+        StreamHandler::key(&s, &none),
+        Some(flowwarden::__private::EventKeyHash::event_key_hash(
+            &None::<String>
+        )),
+        "the method decides for events without a document too: here `None`, hashed"
+    );
+    assert_eq!(ByStatus::definition().concurrency.concurrency(), 4);
 }
 
 fn registration(name: &str) -> &'static Registration {

@@ -18,6 +18,7 @@ pub(crate) enum Role {
     Pipeline,
     Filter,
     OnError,
+    Key,
 }
 
 impl Role {
@@ -31,6 +32,7 @@ impl Role {
             PIPELINE => Role::Pipeline,
             FILTER => Role::Filter,
             ON_ERROR => Role::OnError,
+            KEY => Role::Key,
             _ => return None,
         })
     }
@@ -46,10 +48,11 @@ impl Role {
             Role::Pipeline => PIPELINE,
             Role::Filter => FILTER,
             Role::OnError => ON_ERROR,
+            Role::Key => KEY,
         }
     }
 
-    /// Whether the method handles events (as opposed to a pipeline, filter or error hook).
+    /// Whether the method handles events (as opposed to a pipeline, filter, error hook or key).
     pub(crate) fn is_handler(self) -> bool {
         matches!(
             self,

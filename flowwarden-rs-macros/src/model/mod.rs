@@ -126,7 +126,7 @@ pub(crate) struct Handler {
     pub(crate) roles: Vec<RoleAttr>,
 }
 
-/// A `#[pipeline]`, `#[filter]` or `#[on_error]` method.
+/// A `#[pipeline]`, `#[filter]`, `#[on_error]` or `#[key]` method.
 pub(crate) struct Hook {
     pub(crate) ident: Ident,
     pub(crate) sig: HookSig,
@@ -185,6 +185,8 @@ pub(crate) struct Stream {
     pub(crate) pipeline: Option<Hook>,
     pub(crate) filter: Option<Hook>,
     pub(crate) on_error: Option<Hook>,
+    /// The `#[key]` method: orders events by its value instead of their `documentKey`.
+    pub(crate) key: Option<Hook>,
 }
 
 impl Stream {
@@ -263,6 +265,7 @@ impl Stream {
             pipeline: None,
             filter: None,
             on_error: None,
+            key: None,
         };
         stream.name = match (args.name, &self_ty) {
             (Some(n), _) => n.value,
@@ -324,6 +327,7 @@ impl Stream {
             let why = match first.role {
                 Role::Pipeline => "merge the stages into one `Vec`",
                 Role::Filter => "combine the conditions in one method",
+                Role::Key => "an event has one key: return every part of it from one method, e.g. a tuple `(String, i32)`",
                 _ => "decide every case in one method",
             };
             cx.error_at(
@@ -338,6 +342,7 @@ impl Stream {
         let (checked, slot) = match first.role {
             Role::Pipeline => (sig::pipeline(cx, &sig), &mut self.pipeline),
             Role::Filter => (sig::filter(cx, &sig), &mut self.filter),
+            Role::Key => (sig::key(cx, &sig), &mut self.key),
             _ => (sig::on_error(cx, &sig), &mut self.on_error),
         };
         if let Some(sig) = checked {

@@ -11,6 +11,10 @@
 //! unknown types) starts only when everything received before it has finished, and nothing
 //! received after it starts before it finished.
 //!
+//! The key is the `documentKey`'s hash ([`EventKey::of_document_key`]) or, when the stream has
+//! a `#[key]` method, the hash of its value (decided in `worker/keyed_session.rs`); events
+//! without a document key are barriers either way.
+//!
 //! This module decides only *when* an event may start; the tracker decides what may be
 //! checkpointed (the contiguous settled prefix), whatever order events finish in.
 

@@ -97,15 +97,32 @@ fn retry_delay(def: &StreamDefinition, attempt: u32, rng: &mut Rng) -> Duration 
     }
 }
 
-/// Processes one received event to settlement (or halt).
+/// Runs the `#[key]` method, turning a panic into `Err` (the caller decides what the event is
+/// ordered by then).
+pub(crate) fn call_key<H: StreamHandler>(
+    handler: &H,
+    ctx: &ChangeContext<H::Document>,
+) -> Result<Option<u64>, HandlerError> {
+    std::panic::catch_unwind(AssertUnwindSafe(|| handler.key(ctx)))
+        .map_err(HandlerError::from_panic)
+}
+
+/// Processes one received event to settlement (or halt). `decoded` is the event's context
+/// when the caller already decoded it (the keyed session does, on receipt, to compute the
+/// key); otherwise it is decoded here.
 pub(crate) async fn process_event<H: StreamHandler>(
     handler: &Arc<H>,
     event: Arc<ChangeEvent>,
+    decoded: Option<ChangeContext<H::Document>>,
     cx: &ProcessCx<'_>,
     rng: &mut Rng,
 ) -> EventOutcome {
     let name = cx.def.name;
-    let ctx = match ChangeContext::<H::Document>::decode(name, event.clone()) {
+    let decoded = match decoded {
+        Some(ctx) => Ok(ctx),
+        None => ChangeContext::<H::Document>::decode(name, event.clone()),
+    };
+    let ctx = match decoded {
         Ok(ctx) => Arc::new(ctx),
         Err(e) => {
             let err = HandlerError::with_kind(HandlerErrorKind::Decode, e);

@@ -2,7 +2,8 @@
 //!
 //! Events are registered with the tracker in receive order (so the checkpoint stays the
 //! contiguous settled prefix, whatever order they finish in), queued by key
-//! ([`KeyedQueue`]), and started when their key and the bound allow. Their processing runs
+//! ([`KeyedQueue`]; the key is the `documentKey` or the `#[key]` method's value, see
+//! [`event_key`]), and started when their key and the bound allow. Their processing runs
 //! concurrently inside the stream's task (handlers are async; blocking handlers already run on
 //! the blocking pool). The reader is not read while `max_in_flight` events are received and
 //! unsettled: backpressure, never an unbounded queue.
@@ -14,6 +15,8 @@
 //! handled. Events that never started, or did not finish, stay unsettled and are delivered
 //! again, and with them any later event already handled (at-least-once).
 
+use std::sync::Arc;
+
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, Interval};
@@ -22,11 +25,13 @@ use tracing::{info, warn, Instrument};
 use super::backoff::stopped;
 use super::session::{event_span, sleep_until, tick, Admitted, Read};
 use super::{SessionEnd, Worker};
+use crate::context::ChangeContext;
 use crate::engine::keyed::{EventKey, KeyedQueue};
 use crate::engine::metrics::StreamMetrics;
-use crate::engine::process::{process_event, EventOutcome, ProcessCx};
+use crate::engine::process::{call_key, process_event, EventOutcome, ProcessCx};
 use crate::engine::reader::ReadResult;
 use crate::engine::Rng;
+use crate::event::ChangeEvent;
 use crate::handler::StreamHandler;
 
 impl<H: StreamHandler> Worker<H> {
@@ -54,7 +59,8 @@ impl<H: StreamHandler> Worker<H> {
             status: &status,
             fence: fence.as_ref(),
         };
-        let mut queue: KeyedQueue<Admitted> = KeyedQueue::new(limits.concurrency());
+        let mut queue: KeyedQueue<(Admitted, Option<ChangeContext<H::Document>>)> =
+            KeyedQueue::new(limits.concurrency());
         let mut running = FuturesUnordered::new();
         let mut stop = self.env.stop.clone();
         // Set once the session is ending: nothing more is read or started.
@@ -69,14 +75,15 @@ impl<H: StreamHandler> Worker<H> {
                 Some(_) => false,
             };
             if may_start {
-                while let Some((key, admitted)) = queue.next_ready() {
+                while let Some((key, (admitted, decoded))) = queue.next_ready() {
                     let mut rng = Rng::new(self.rng.next_u64());
                     let event = admitted.event.clone();
                     let span = event_span(&event);
                     let (handler, cx) = (&handler, &cx);
                     running.push(
                         async move {
-                            let outcome = process_event(handler, event, cx, &mut rng).await;
+                            let outcome =
+                                process_event(handler, event, decoded, cx, &mut rng).await;
                             (key, admitted, outcome)
                         }
                         .instrument(span),
@@ -134,7 +141,7 @@ impl<H: StreamHandler> Worker<H> {
                     match self.on_read(msg) {
                         Read::Nothing => {}
                         Read::Event(admitted) => {
-                            let key = EventKey::of_document_key(admitted.event.document_key());
+                            let (key, decoded) = event_key(&*handler, name, &admitted.event);
                             #[cfg(feature = "test-util")]
                             let key = if options.unkeyed_concurrency {
                                 // The bug: every event its own key, no barriers.
@@ -142,7 +149,7 @@ impl<H: StreamHandler> Worker<H> {
                             } else {
                                 key
                             };
-                            queue.push(admitted.ticket.seq(), key, admitted);
+                            queue.push(admitted.ticket.seq(), key, (admitted, decoded));
                         }
                         Read::End(end) => {
                             if matches!(end, SessionEnd::Source(_)) {
@@ -164,4 +171,37 @@ impl<H: StreamHandler> Worker<H> {
             }
         }
     }
+}
+
+/// What orders a received event, and its context when it was decoded to compute that.
+///
+/// - No document key (`drop`, `rename`, `dropDatabase`, `invalidate`, unknown types): a
+///   barrier, whatever the `#[key]` method would say; it is not called, nothing is decoded.
+/// - Otherwise the event is decoded once, here (processing reuses the context), and
+///   [`StreamHandler::key`] decides: its hash, or the `documentKey` when it returns `None`
+///   (no `#[key]` method).
+/// - A document that does not decode into the stream's type: ordered by its `documentKey`;
+///   processing decodes it again and takes the usual failure path (dead letter).
+/// - A `#[key]` method that panics: a barrier (ordered against everything: never less order
+///   than asked for).
+fn event_key<H: StreamHandler>(
+    handler: &H,
+    name: &'static str,
+    event: &Arc<ChangeEvent>,
+) -> (EventKey, Option<ChangeContext<H::Document>>) {
+    let Some(document_key) = event.document_key() else {
+        return (EventKey::Barrier, None);
+    };
+    let Ok(ctx) = ChangeContext::<H::Document>::decode(name, event.clone()) else {
+        return (EventKey::of_document_key(Some(document_key)), None);
+    };
+    let key = match call_key(handler, &ctx) {
+        Ok(Some(hash)) => EventKey::Key(hash),
+        Ok(None) => EventKey::of_document_key(Some(document_key)),
+        Err(e) => {
+            warn!(stream = name, event_id = %ctx.event_id(), error = %format!("{e:#}"), "#[key] panicked; ordering the event as a barrier");
+            EventKey::Barrier
+        }
+    };
+    (key, Some(ctx))
 }

@@ -227,8 +227,8 @@ impl<H: StreamHandler> Worker<H> {
         let mut stop = self.env.stop.clone();
         let mut deadline: Option<Instant> = None;
         let outcome = {
-            let fut =
-                process_event(&self.handler, event.clone(), &cx, &mut self.rng).instrument(span);
+            let fut = process_event(&self.handler, event.clone(), None, &cx, &mut self.rng)
+                .instrument(span);
             tokio::pin!(fut);
             loop {
                 tokio::select! {
