@@ -132,9 +132,11 @@ pub async fn runtime(
 }
 
 /// One emulator with `events` inserts; per `save_every_n`, the raw loop and then the runtime
-/// over them (each ratio pairs a runtime run with the raw run just before).
+/// over them (each ratio pairs a runtime run with the raw run just before). A first raw run,
+/// not counted, warms up.
 pub async fn run(events: u64, save_every: &[u32]) -> Result<Vec<P2>, BenchError> {
     let (emu, start) = prefill(events).await?;
+    raw_loop(&emu, &start, events).await?;
     let mut out = Vec::new();
     for &n in save_every {
         let raw = raw_loop(&emu, &start, events).await?;
