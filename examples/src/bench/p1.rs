@@ -1,0 +1,126 @@
+//! P1: the runtime's overhead. A no-op handler over a prefilled in-memory backend, against a
+//! bare loop over the same cursor, at a given `save_every_n`.
+
+use std::time::Instant;
+
+use bson::doc;
+use flowwarden::port::{ChangeSource, SourceItem, StartAt};
+use flowwarden::{
+    change_stream, checkpoint, AnyStream, ChangeContext, MemoryBackend, StreamHandler,
+};
+
+use super::{bare_spec, memory_token, save_start_checkpoint, with_checkpoint, BenchError};
+
+/// The no-op stream of P1.
+#[derive(Default)]
+pub struct Noop;
+
+#[change_stream(name = "p1", collection = "p1")]
+#[checkpoint(save_every_n = 1, save_interval_secs = 5)]
+impl Noop {
+    #[on_insert]
+    async fn inserted(&self, _ctx: &ChangeContext<bson::Document>) {}
+}
+
+/// A backend with `changes` inserts in collection `p1` (positions 1..=changes).
+pub fn prefill(changes: u64) -> Result<MemoryBackend, BenchError> {
+    let backend = MemoryBackend::with_retention(changes as usize + 10);
+    let coll = backend.collection("p1");
+    for i in 0..changes as i64 {
+        coll.insert_one(doc! {"_id": i, "sku": "A-1", "qty": 1})
+            .map_err(|e| format!("prefill failed: {e}"))?;
+    }
+    Ok(backend)
+}
+
+/// Events per second of a bare loop reading the `changes` events of `backend` from the start.
+pub async fn bare_loop(backend: &MemoryBackend, changes: u64) -> Result<f64, BenchError> {
+    let t = Instant::now();
+    let mut cursor = backend
+        .open(&bare_spec("p1"), StartAt::OldestAvailable)
+        .await
+        .map_err(|e| format!("open failed: {e}"))?;
+    let mut seen = 0u64;
+    while seen < changes {
+        match cursor.next().await {
+            Ok(Some(SourceItem::Event(ev))) => {
+                std::hint::black_box(&ev);
+                seen += 1;
+            }
+            Ok(_) => {}
+            Err(e) => return Err(format!("read failed: {e}")),
+        }
+    }
+    Ok(changes as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Events per second of the runtime handling the `changes` events of `backend` from the start
+/// with the no-op handler and `save_every_n = save_every`.
+pub async fn runtime(
+    backend: &MemoryBackend,
+    changes: u64,
+    save_every: u32,
+) -> Result<f64, BenchError> {
+    let def = with_checkpoint(<Noop as StreamHandler>::definition(), |c| {
+        c.save_every_n = save_every
+    });
+    let stores: flowwarden::Backend = backend.clone().into();
+    // Resume after position 0 (before the first entry), where the bare loop starts.
+    save_start_checkpoint(&stores, "p1", memory_token(0)).await?;
+    let t = Instant::now();
+    let rt = flowwarden::builder()
+        .discover(false)
+        .any_stream(AnyStream::with_definition(Noop, def))
+        .backend(stores)
+        .start()
+        .await
+        .map_err(|e| e.to_string())?;
+    let done = rt
+        .handle()
+        .wait_for("p1", |s| s.counters.handled >= changes)
+        .await;
+    let elapsed = t.elapsed();
+    rt.shutdown().await;
+    done.map_err(|e| format!("stream vanished: {e}"))?;
+    Ok(changes as f64 / elapsed.as_secs_f64())
+}
+
+/// The figures of one P1 measurement.
+#[derive(Debug, Clone)]
+pub struct P1 {
+    /// `save_every_n` of the runtime.
+    pub save_every: u32,
+    /// Events per second of the bare loop.
+    pub bare: f64,
+    /// Events per second of the runtime.
+    pub runtime: f64,
+}
+
+impl P1 {
+    /// runtime / bare.
+    pub fn ratio(&self) -> f64 {
+        self.runtime / self.bare
+    }
+}
+
+/// Measures the bare loop, then the runtime, over `backend`'s `changes` events, once per
+/// `save_every_n` in `save_every`: each ratio pairs a runtime run with the bare run just before.
+/// A first bare run, not counted, warms up (the first pass over a fresh prefill is slower).
+pub async fn run(
+    backend: &MemoryBackend,
+    changes: u64,
+    save_every: &[u32],
+) -> Result<Vec<P1>, BenchError> {
+    bare_loop(backend, changes).await?;
+    let mut out = Vec::new();
+    for &n in save_every {
+        let bare = bare_loop(backend, changes).await?;
+        let runtime = runtime(backend, changes, n).await?;
+        out.push(P1 {
+            save_every: n,
+            bare,
+            runtime,
+        });
+    }
+    Ok(out)
+}
