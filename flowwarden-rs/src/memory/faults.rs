@@ -254,6 +254,23 @@ impl Faults {
         self.with(|f| f.frozen_lease_owners.remove(owner));
     }
 
+    /// Drops every fault injected but not yet consumed (failures of the next reads, opens,
+    /// checkpoint loads and saves, dead-letter writes, a pending rewind) and every delay; a
+    /// frozen lease owner stays frozen until [`Faults::thaw_lease_renewals`]. "No more faults
+    /// from now on", as a simulation's drain means it.
+    pub fn clear_pending(&self) {
+        self.with(|f| {
+            f.fail_reads.clear();
+            f.fail_opens.clear();
+            f.rewind = None;
+            f.read_delay = None;
+            f.checkpoint_save_failures = 0;
+            f.checkpoint_load_failures = 0;
+            f.checkpoint_save_delay = None;
+            f.dead_letter_put_failures = 0;
+        });
+    }
+
     /// How many cursors were opened so far (to assert re-opens).
     pub fn opens(&self) -> u64 {
         self.backend.lock().faults.opens

@@ -134,8 +134,10 @@ impl Sim<'_> {
         }
 
         // Invariant 5: a source that cannot tell its oldest position leaves
-        // ResumeFromOplogStart nothing to restart at: the stream must show HistoryLost.
-        if w.stats.oldest_unknown_refusals > 0
+        // ResumeFromOplogStart nothing to restart at: the stream must show HistoryLost. Judged
+        // on the latest open: a later runtime that resumed from a checkpoint still in the
+        // retained history runs rightly.
+        if w.last_open_refused_oldest
             && !(state == Some(StreamState::HistoryLost)
                 && halt
                     .as_ref()

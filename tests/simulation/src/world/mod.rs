@@ -111,6 +111,9 @@ fn event_seq(raw: &Document) -> Option<u64> {
 
 /// Everything recorded during one run.
 pub(crate) struct WorldState {
+    /// The latest cursor open was refused because the oldest retained entry is unknown (reset
+    /// by any open that succeeds): what the final state must then show as HistoryLost.
+    pub(crate) last_open_refused_oldest: bool,
     pub(crate) t0: Instant,
     pub(crate) seed: u64,
     pub(crate) settings: Settings,
@@ -232,6 +235,7 @@ impl World {
     pub(crate) fn new(seed: u64, settings: Settings) -> Arc<World> {
         Arc::new(World {
             state: Mutex::new(WorldState {
+                last_open_refused_oldest: false,
                 t0: Instant::now(),
                 seed,
                 settings,

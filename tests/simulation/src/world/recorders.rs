@@ -59,6 +59,13 @@ impl ChangeSource for RecSource {
         let tag = w.tag(inc);
         w.on_cursor_open(inc);
         w.on_open(&tag, &at, head, first, &summary);
+        match &summary {
+            Ok(()) => w.last_open_refused_oldest = false,
+            Err(_) if oldest_unknown && at == StartAt::OldestAvailable => {
+                w.last_open_refused_oldest = true
+            }
+            Err(_) => {}
+        }
         if let (Ok(_), StartAt::Now | StartAt::OldestAvailable, Some(st)) = (&result, &at, start) {
             let stored = w
                 .last_written
