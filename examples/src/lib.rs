@@ -1,7 +1,7 @@
 //! Runnable examples of flowwarden-rs. The `orders` example lives here as a library so the
 //! test suite runs exactly what `cargo run -p flowwarden-examples --bin orders` runs, on the
 //! in-memory backend and through the real MongoDB driver. The benchmark suite of
-//! docs/performance.md lives in [`bench`], shared by the `bench_*` binaries.
+//! docs/performance.md lives in [`mod@bench`], shared by the `bench_*` binaries.
 
 pub mod bench;
 pub mod orders;

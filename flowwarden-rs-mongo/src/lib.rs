@@ -76,6 +76,28 @@ pub const ENV_URI: &str = flowwarden::port::MONGODB_URI_VAR;
 pub const ENV_DATABASE: &str = "FLOWWARDEN_DATABASE";
 /// The database used when `FLOWWARDEN_DATABASE` is not set.
 pub const DEFAULT_DATABASE: &str = "flowwarden";
+/// Set to `false` (or `0`, `off`) to connect without the command monitor that counts the
+/// driver's own change-stream resumes (see [`ConnectOptions::count_driver_resumes`]).
+pub const ENV_COUNT_DRIVER_RESUMES: &str = "FLOWWARDEN_MONGODB_COUNT_DRIVER_RESUMES";
+
+/// How [`MongoBackend::connect_with`] sets up the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// Install the command monitor that counts the change-stream resumes the driver makes on
+    /// its own (a warning, `flowwarden.source.driver_resumes`,
+    /// [`MongoBackend::driver_resumes`]). Default `true`. The driver then copies and parses
+    /// every command reply once more for the monitor, which costs throughput on busy streams
+    /// (docs/performance.md, P2); nothing is lost without it, the resumes are only not counted.
+    pub count_driver_resumes: bool,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            count_driver_resumes: true,
+        }
+    }
+}
 
 /// The MongoDB backend: a driver client and the database of the `_fw_` collections. Cheap to
 /// clone (the driver's client is shared).
@@ -113,11 +135,24 @@ impl MongoBackend {
     /// Connects to `uri`, checks the deployment (a replica-set member or a mongos: change
     /// streams do not exist on a standalone) and returns the backend, or every problem found.
     pub async fn connect(uri: &str, database: &str) -> Result<MongoBackend, Vec<String>> {
-        let resumes = Arc::new(resumes::DriverResumes::default());
+        Self::connect_with(uri, database, ConnectOptions::default()).await
+    }
+
+    /// [`MongoBackend::connect`] with these options.
+    pub async fn connect_with(
+        uri: &str,
+        database: &str,
+        options: ConnectOptions,
+    ) -> Result<MongoBackend, Vec<String>> {
+        let resumes = options
+            .count_driver_resumes
+            .then(|| Arc::new(resumes::DriverResumes::default()));
         let client = match mongodb::options::ClientOptions::parse(uri).await {
-            Ok(mut options) => {
-                options.command_event_handler = Some(resumes.monitor());
-                Client::with_options(options)
+            Ok(mut client_options) => {
+                if let Some(resumes) = &resumes {
+                    client_options.command_event_handler = Some(resumes.monitor());
+                }
+                Client::with_options(client_options)
             }
             Err(e) => Err(e),
         };
@@ -138,7 +173,7 @@ impl MongoBackend {
             database: database.to_owned(),
             description: format!("MongoDB at {}", redact_uri(uri)),
             indexes: Arc::default(),
-            resumes: Some(resumes),
+            resumes,
             fence_leases: None,
         };
         backend.validate().await?;
@@ -162,7 +197,8 @@ impl MongoBackend {
 
     /// How many times the driver resumed `stream`'s change stream on its own, after a
     /// resumable error the runtime never saw (see `docs/checkpoint-resume.md`). `None` when the
-    /// client was supplied ([`MongoBackend::from_client`]): only a client built by
+    /// client was supplied ([`MongoBackend::from_client`]) or connected without counting
+    /// ([`ConnectOptions::count_driver_resumes`]): only a client built by
     /// [`MongoBackend::connect`] carries the command monitor that counts them.
     pub fn driver_resumes(&self, stream: &str) -> Option<u64> {
         self.resumes.as_ref().map(|r| r.resumes(stream))
@@ -330,7 +366,16 @@ pub async fn backend_from_env() -> Option<Result<MongoBackend, Vec<String>>> {
         .ok()
         .filter(|d| !d.trim().is_empty())
         .unwrap_or_else(|| DEFAULT_DATABASE.to_owned());
-    Some(MongoBackend::connect(uri.trim(), database.trim()).await)
+    let count_driver_resumes = !std::env::var(ENV_COUNT_DRIVER_RESUMES).is_ok_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "false" | "0" | "off" | "no"
+        )
+    });
+    let options = ConnectOptions {
+        count_driver_resumes,
+    };
+    Some(MongoBackend::connect_with(uri.trim(), database.trim(), options).await)
 }
 
 /// A runtime builder on the backend described by the environment (see

@@ -875,3 +875,28 @@ async fn indexes_are_created_idempotently() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_backend_connected_without_counting_driver_resumes_has_no_monitor() {
+    let emu = mongo_emulator::Emulator::start().await.expect("emulator");
+    let counted = MongoBackend::connect(&emu.uri(), DB)
+        .await
+        .expect("connects");
+    assert_eq!(counted.driver_resumes("any"), Some(0));
+    let options = flowwarden_rs_mongo::ConnectOptions {
+        count_driver_resumes: false,
+    };
+    let uncounted = MongoBackend::connect_with(&emu.uri(), DB, options)
+        .await
+        .expect("connects");
+    assert_eq!(uncounted.driver_resumes("any"), None);
+    // It streams all the same.
+    let mut c = uncounted
+        .open(&spec("orders", vec![]), StartAt::Now)
+        .await
+        .expect("open");
+    let _ = next_item(&mut c).await.expect("first (empty) batch");
+    insert(&uncounted, "orders", [7]).await;
+    let ev = next_event(&mut c).await.expect("the insert");
+    assert_eq!(key_of(&ev), 7);
+}

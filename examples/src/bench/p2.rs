@@ -34,14 +34,23 @@ pub struct P2 {
     pub save_every: u32,
     /// Events per second of the raw `watch()` loop.
     pub raw: f64,
-    /// Events per second of the runtime.
+    /// Events per second of the runtime (backend from `MongoBackend::connect`, which installs
+    /// the command monitor that counts the driver's own resumes).
     pub runtime: f64,
+    /// Events per second of the runtime on a backend over a plain client
+    /// (`MongoBackend::from_client`: no command monitor).
+    pub runtime_unmonitored: f64,
 }
 
 impl P2 {
     /// runtime / raw.
     pub fn ratio(&self) -> f64 {
         self.runtime / self.raw
+    }
+
+    /// runtime without the command monitor / raw.
+    pub fn ratio_unmonitored(&self) -> f64 {
+        self.runtime_unmonitored / self.raw
     }
 }
 
@@ -98,16 +107,25 @@ pub async fn raw_loop(emu: &Emulator, start: &Document, events: u64) -> Result<f
 
 /// Events per second of the runtime on the MongoDB backend handling `events` events after
 /// `start` with the no-op handler and `save_every_n = save_every` (checkpoints are written to
-/// the emulator's `_fw_checkpoints`).
+/// the emulator's `_fw_checkpoints`). `monitored`: the backend from `MongoBackend::connect`
+/// (with its command monitor); otherwise `MongoBackend::from_client` over a plain client.
 pub async fn runtime(
     emu: &Emulator,
     start: &Document,
     events: u64,
     save_every: u32,
+    monitored: bool,
 ) -> Result<f64, BenchError> {
-    let backend = MongoBackend::connect(&emu.uri(), DB)
-        .await
-        .map_err(|e| e.join("; "))?;
+    let backend = if monitored {
+        MongoBackend::connect(&emu.uri(), DB)
+            .await
+            .map_err(|e| e.join("; "))?
+    } else {
+        let client = mongodb::Client::with_uri_str(emu.uri())
+            .await
+            .map_err(|e| e.to_string())?;
+        MongoBackend::from_client(client, DB)
+    };
     let backend: flowwarden::Backend = backend.into();
     save_start_checkpoint(&backend, "p2", ResumeToken::from_document(start.clone())).await?;
     let def = with_checkpoint(<MongoNoop as StreamHandler>::definition(), |c| {
@@ -140,12 +158,14 @@ pub async fn run(events: u64, save_every: &[u32]) -> Result<Vec<P2>, BenchError>
     let mut out = Vec::new();
     for &n in save_every {
         let raw = raw_loop(&emu, &start, events).await?;
-        let runtime = runtime(&emu, &start, events, n).await?;
+        let monitored = runtime(&emu, &start, events, n, true).await?;
+        let unmonitored = runtime(&emu, &start, events, n, false).await?;
         out.push(P2 {
             events,
             save_every: n,
             raw,
-            runtime,
+            runtime: monitored,
+            runtime_unmonitored: unmonitored,
         });
     }
     Ok(out)
