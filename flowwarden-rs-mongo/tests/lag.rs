@@ -80,9 +80,10 @@ async fn idle_and_filtered_streams_are_caught_up(t: &Target) {
     assert!(window >= 0.0, "{lag:?}");
     assert_eq!(lag.headroom_seconds, Some(window), "{lag:?}");
     if t.emu.is_some() {
-        // The position is the post-batch token past the write elsewhere: its decoded time is
-        // the newest entry's, 120 s after the stream's own last event.
-        assert_eq!(lag.position_time, lag.newest_time, "{lag:?}");
+        // The position is a post-batch token past the write elsewhere: its decoded time is
+        // 120 s after the stream's own last event (the newest entry may be newer still: the
+        // runtime's own checkpoint writes are oplog entries too).
+        assert!(lag.position_time <= lag.newest_time, "{lag:?}");
         let last_event = rt
             .handle()
             .status("lag_filtered")

@@ -18,7 +18,6 @@
 use std::sync::Arc;
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use tokio::sync::mpsc;
 use tokio::time::{Instant, Interval};
 use tracing::{info, warn, Instrument};
 
@@ -29,7 +28,7 @@ use crate::context::ChangeContext;
 use crate::engine::keyed::{EventKey, KeyedQueue};
 use crate::engine::metrics::StreamMetrics;
 use crate::engine::process::{call_key, process_event, EventOutcome, ProcessCx};
-use crate::engine::reader::ReadResult;
+use crate::engine::reader::Inbox;
 use crate::engine::Rng;
 use crate::event::ChangeEvent;
 use crate::handler::StreamHandler;
@@ -37,7 +36,7 @@ use crate::handler::StreamHandler;
 impl<H: StreamHandler> Worker<H> {
     pub(super) async fn keyed_session(
         &mut self,
-        rx: &mut mpsc::Receiver<ReadResult>,
+        rx: &mut Inbox,
         heartbeat: &mut Option<Interval>,
     ) -> SessionEnd {
         let name = self.def.name;

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tracing::{debug, info, warn, Instrument};
 
@@ -14,7 +13,7 @@ use super::{SessionEnd, Worker};
 use crate::definition::StreamDefinition;
 use crate::engine::lag::PUBLISH_EVERY;
 use crate::engine::process::{process_event, EventOutcome, ProcessCx};
-use crate::engine::reader::{read_loop, ReadResult};
+use crate::engine::reader::{hand_over, read_loop, Inbox, ReadResult};
 use crate::engine::tracker::{Settlement, Ticket};
 use crate::engine::{AbortOnDrop, StreamExit};
 use crate::event::{ChangeEvent, OperationType, ResumeToken};
@@ -56,8 +55,11 @@ impl<H: StreamHandler> Worker<H> {
 
     pub(super) async fn session(&mut self, cursor: Box<dyn ChangeCursor>) -> SessionEnd {
         let capacity = self.env.options.batch_size.clamp(1, 4096) as usize;
-        let (tx, mut rx) = mpsc::channel::<ReadResult>(capacity);
-        let reader = AbortOnDrop(tokio::spawn(read_loop(cursor, tx)));
+        // Batches of up to `batch_size` items, one in the channel: the reader reads ahead at
+        // most three batches (the one being taken apart, the one in the channel, the one being
+        // filled) and the stream task is woken once per batch, not once per event.
+        let (outbox, mut rx) = hand_over(1, capacity);
+        let reader = AbortOnDrop(tokio::spawn(read_loop(cursor, outbox)));
         let mut heartbeat = heartbeat(self.def);
         let end = if self.def.concurrency.concurrency() > 1 {
             self.keyed_session(&mut rx, &mut heartbeat).await
@@ -80,7 +82,7 @@ impl<H: StreamHandler> Worker<H> {
     /// `concurrency = 1`: one event at a time, in stream order.
     async fn serial_session(
         &mut self,
-        rx: &mut mpsc::Receiver<ReadResult>,
+        rx: &mut Inbox,
         heartbeat: &mut Option<Interval>,
     ) -> SessionEnd {
         let mut stop = self.env.stop.clone();
