@@ -81,10 +81,9 @@ pub(crate) async fn read_loop(mut cursor: Box<dyn ChangeCursor>, out: Outbox) {
         };
         let last = !matches!(item, Ok(Some(_)));
         batch.push(item);
-        if last || batch.len() >= out.max_batch {
-            if out.tx.send(std::mem::take(&mut batch)).await.is_err() || last {
-                return;
-            }
+        let full = last || batch.len() >= out.max_batch;
+        if full && (out.tx.send(std::mem::take(&mut batch)).await.is_err() || last) {
+            return;
         }
     }
 }
