@@ -28,16 +28,7 @@ async fn start_sampled(t: &Target, probe: &Probe, name: &'static str) -> Runtime
 
 /// The first lag sample taken after now.
 async fn next_sample(rt: &Runtime, name: &str) -> LagStatus {
-    let after = rt
-        .handle()
-        .status(name)
-        .and_then(|s| s.lag)
-        .map(|l| l.sampled_at);
-    let s = wait_status(rt, name, |s| {
-        s.lag.as_ref().is_some_and(|l| Some(l.sampled_at) != after)
-    })
-    .await;
-    s.lag.expect("a sample")
+    flowwarden_testkit::next_lag_sample_within(rt, name, Duration::from_secs(20)).await
 }
 
 /// A sample once the stream has had time to read everything written so far.

@@ -35,16 +35,7 @@ async fn start_sampled(
 
 /// The next lag sample taken after now (the sampler runs every second).
 async fn next_sample(rt: &Runtime, name: &str) -> LagStatus {
-    let after = rt
-        .handle()
-        .status(name)
-        .and_then(|s| s.lag)
-        .map(|l| l.sampled_at);
-    let s = wait_status(rt, name, |s| {
-        s.lag.as_ref().is_some_and(|l| Some(l.sampled_at) != after)
-    })
-    .await;
-    s.lag.expect("a sample")
+    flowwarden_testkit::next_lag_sample_within(rt, name, Duration::from_secs(60)).await
 }
 
 /// A sample taken once `settle` of virtual time has passed, so everything in flight is read.

@@ -117,6 +117,20 @@ pub async fn save_start_checkpoint(
         .map_err(|e| format!("cannot write the start checkpoint of '{stream}': {e}"))
 }
 
+/// Starts a runtime that runs only `stream` on `backend` (no discovery), as every part does.
+pub async fn start_only(
+    stream: flowwarden::AnyStream,
+    backend: flowwarden::Backend,
+) -> Result<flowwarden::Runtime, BenchError> {
+    flowwarden::builder()
+        .discover(false)
+        .any_stream(stream)
+        .backend(backend)
+        .start()
+        .await
+        .map_err(|e| e.to_string())
+}
+
 /// A copy of `def` with its checkpoint settings changed by `change`, leaked so the runtime can
 /// hold it for the rest of the process (a benchmark builds a handful).
 pub fn with_checkpoint(

@@ -9,7 +9,9 @@ use flowwarden::{
     change_stream, checkpoint, AnyStream, ChangeContext, MemoryBackend, StreamHandler,
 };
 
-use super::{bare_spec, memory_token, save_start_checkpoint, with_checkpoint, BenchError};
+use super::{
+    bare_spec, memory_token, save_start_checkpoint, start_only, with_checkpoint, BenchError,
+};
 
 /// The no-op stream of P1.
 #[derive(Default)]
@@ -68,13 +70,7 @@ pub async fn runtime(
     // Resume after position 0 (before the first entry), where the bare loop starts.
     save_start_checkpoint(&stores, "p1", memory_token(0)).await?;
     let t = Instant::now();
-    let rt = flowwarden::builder()
-        .discover(false)
-        .any_stream(AnyStream::with_definition(Noop, def))
-        .backend(stores)
-        .start()
-        .await
-        .map_err(|e| e.to_string())?;
+    let rt = start_only(AnyStream::with_definition(Noop, def), stores).await?;
     let done = rt
         .handle()
         .wait_for("p1", |s| s.counters.handled >= changes)

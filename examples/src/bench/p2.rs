@@ -9,7 +9,7 @@ use flowwarden::{change_stream, checkpoint, AnyStream, ChangeContext, ResumeToke
 use flowwarden_rs_mongo::MongoBackend;
 use mongo_emulator::{Emulator, EmulatorOptions};
 
-use super::{save_start_checkpoint, with_checkpoint, BenchError};
+use super::{save_start_checkpoint, start_only, with_checkpoint, BenchError};
 
 /// The database P2 works in.
 pub const DB: &str = "bench";
@@ -132,13 +132,7 @@ pub async fn runtime(
         c.save_every_n = save_every
     });
     let t = Instant::now();
-    let rt = flowwarden::builder()
-        .discover(false)
-        .any_stream(AnyStream::with_definition(MongoNoop, def))
-        .backend(backend)
-        .start()
-        .await
-        .map_err(|e| e.to_string())?;
+    let rt = start_only(AnyStream::with_definition(MongoNoop, def), backend).await?;
     let done = rt
         .handle()
         .wait_for("p2", |s| s.counters.handled >= events)

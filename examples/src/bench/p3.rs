@@ -10,7 +10,7 @@ use flowwarden::{
     change_stream, AnyStream, ChangeContext, ConcurrencyConfig, MemoryBackend, StreamHandler,
 };
 
-use super::{memory_token, save_start_checkpoint, BenchError};
+use super::{memory_token, save_start_checkpoint, start_only, BenchError};
 
 /// Records, per key, the order its changes were handled in.
 #[derive(Default, Clone)]
@@ -66,13 +66,7 @@ pub async fn run(events: u64, keys: u64, concurrency: u32) -> Result<f64, BenchE
     let stores: flowwarden::Backend = backend.clone().into();
     save_start_checkpoint(&stores, "p3", memory_token(0)).await?;
     let t = Instant::now();
-    let rt = flowwarden::builder()
-        .discover(false)
-        .any_stream(AnyStream::with_definition(handler.clone(), def))
-        .backend(stores)
-        .start()
-        .await
-        .map_err(|e| e.to_string())?;
+    let rt = start_only(AnyStream::with_definition(handler.clone(), def), stores).await?;
     rt.handle()
         .wait_for("p3", |s| s.counters.handled >= events)
         .await

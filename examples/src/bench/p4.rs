@@ -12,7 +12,8 @@ use flowwarden::{
 };
 
 use super::{
-    memory_token, save_start_checkpoint, with_checkpoint, BenchError, CountingCheckpoints,
+    memory_token, save_start_checkpoint, start_only, with_checkpoint, BenchError,
+    CountingCheckpoints,
 };
 
 /// The no-op stream of P4.
@@ -56,13 +57,7 @@ pub async fn busy(events: u64, save_every: u32) -> Result<Busy, BenchError> {
         c.save_every_n = save_every;
         c.save_interval_secs = 5;
     });
-    let rt = flowwarden::builder()
-        .discover(false)
-        .any_stream(AnyStream::with_definition(Counted, def))
-        .backend(stores)
-        .start()
-        .await
-        .map_err(|e| e.to_string())?;
+    let rt = start_only(AnyStream::with_definition(Counted, def), stores).await?;
     let done = rt
         .handle()
         .wait_for("p4", |s| s.counters.handled >= events)
@@ -112,13 +107,7 @@ pub fn idle(minutes: u64, heartbeat_secs: u64, oplog_moves: bool) -> Result<u64,
                 }
             })
         });
-        let rt = flowwarden::builder()
-            .discover(false)
-            .any_stream(AnyStream::with_definition(Counted, def))
-            .backend(stores)
-            .start()
-            .await
-            .map_err(|e| e.to_string())?;
+        let rt = start_only(AnyStream::with_definition(Counted, def), stores).await?;
         // Count over a window that starts after the start-up and holds exactly
         // minutes * 60 / heartbeat_secs heartbeat ticks.
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -16,7 +16,7 @@ use flowwarden::{
 };
 
 use super::{
-    memory_seq, memory_token, save_start_checkpoint, with_checkpoint, BenchError,
+    memory_seq, memory_token, save_start_checkpoint, start_only, with_checkpoint, BenchError,
     CountingCheckpoints,
 };
 
@@ -76,13 +76,7 @@ pub async fn run(events: u64) -> Result<P5, BenchError> {
     let mut stores = plain.clone();
     stores.checkpoints = Arc::new(counting.clone());
     let def = <Picky as StreamHandler>::definition();
-    let rt = flowwarden::builder()
-        .discover(false)
-        .any_stream(AnyStream::with_definition(Picky, def))
-        .backend(stores)
-        .start()
-        .await
-        .map_err(|e| e.to_string())?;
+    let rt = start_only(AnyStream::with_definition(Picky, def), stores).await?;
     let status = rt
         .handle()
         .wait_for("p5", |s| s.counters.handled + s.counters.filtered >= events)
@@ -118,13 +112,7 @@ pub async fn run(events: u64) -> Result<P5, BenchError> {
             .await
             .map_err(|e| e.to_string())?;
         let def = with_checkpoint(def, |c| c.resume_strategy = strategy);
-        let rt = flowwarden::builder()
-            .discover(false)
-            .any_stream(AnyStream::with_definition(Picky, def))
-            .backend(plain.clone())
-            .start()
-            .await
-            .map_err(|e| e.to_string())?;
+        let rt = start_only(AnyStream::with_definition(Picky, def), plain.clone()).await?;
         let after = rt
             .handle()
             .wait_for("p5", |s| s.counters.handled >= 1)

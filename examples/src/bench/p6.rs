@@ -12,8 +12,8 @@ use flowwarden::{
 };
 
 use super::{
-    memory_token, peak_rss_mib, reset_peak_rss, rss_mib, save_start_checkpoint, BenchError,
-    GeneratedSource,
+    memory_token, peak_rss_mib, reset_peak_rss, rss_mib, save_start_checkpoint, start_only,
+    BenchError, GeneratedSource,
 };
 
 /// The flag that makes a bench binary measure one backlog size and exit (see
@@ -63,13 +63,7 @@ async fn measure(backlog: u64) -> Result<Point, BenchError> {
     let before_mib = rss_mib();
     let reset = reset_peak_rss();
     let t = Instant::now();
-    let rt = flowwarden::builder()
-        .discover(false)
-        .any_stream(AnyStream::with_definition(Footprint, def))
-        .backend(stores)
-        .start()
-        .await
-        .map_err(|e| e.to_string())?;
+    let rt = start_only(AnyStream::with_definition(Footprint, def), stores).await?;
     let done = rt
         .handle()
         .wait_for("p6", |s| s.counters.handled >= backlog)

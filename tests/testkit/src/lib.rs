@@ -11,8 +11,8 @@ use std::time::Duration;
 use bson::{Bson, Document};
 use flowwarden::SourceLocation;
 use flowwarden::{
-    ChangeContext, CheckpointConfig, ErrorAction, HandlerError, HandlerFuture, RestartConfig,
-    RetryConfig, Runtime, StreamDefinition, StreamHandler, StreamStatus,
+    ChangeContext, CheckpointConfig, ErrorAction, HandlerError, HandlerFuture, LagStatus,
+    RestartConfig, RetryConfig, Runtime, StreamDefinition, StreamHandler, StreamStatus,
 };
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -248,6 +248,20 @@ pub async fn wait_status_within(
         .await
         .unwrap_or_else(|_| panic!("status of '{name}' reached within {bound:?}"))
         .expect("stream exists")
+}
+
+/// The first lag sample of stream `name` taken after now; panics after `bound`.
+pub async fn next_lag_sample_within(rt: &Runtime, name: &str, bound: Duration) -> LagStatus {
+    let after = rt
+        .handle()
+        .status(name)
+        .and_then(|s| s.lag)
+        .map(|l| l.sampled_at);
+    let s = wait_status_within(rt, name, bound, |s| {
+        s.lag.as_ref().is_some_and(|l| Some(l.sampled_at) != after)
+    })
+    .await;
+    s.lag.expect("a sample")
 }
 
 /// Waits until `cond` holds, polling every 10 ms; panics naming `what` after `bound`.
