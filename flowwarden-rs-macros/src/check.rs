@@ -4,7 +4,7 @@ use proc_macro2::Span;
 
 use crate::attr::method::Role;
 use crate::ctxt::Ctxt;
-use crate::model::{FullDocument, Handler, Op, Stream};
+use crate::model::{FullDocument, Handler, Op, StartPosition, Stream};
 use crate::sig::ParamKind;
 
 /// Runs every cross rule. `any_handler_attr` tells whether some method carried a handler
@@ -13,6 +13,7 @@ pub(crate) fn stream(cx: &Ctxt, s: &Stream, any_handler_attr: bool) {
     check_has_handler(cx, s, any_handler_attr);
     check_filter_with_delete(cx, s);
     check_key_needs_concurrency(cx, s);
+    check_snapshot_has_insert_handler(cx, s);
     for h in &s.handlers {
         check_document_availability(cx, s, h);
     }
@@ -39,6 +40,27 @@ fn check_filter_with_delete(cx: &Ctxt, s: &Stream) {
         format!(
             "#[filter] cannot be combined with #[on_delete] (`{}`): a delete event carries no document, so the filter would judge every delete without one; filter deletes inside the #[on_delete] handler (`ctx.document_key()`, `ctx.document_before_change()`), or in the #[pipeline] (`$match` on `documentKey`)",
             delete.ident
+        ),
+    );
+}
+
+/// An initial snapshot hands every existing document over as an insert: a stream with no
+/// handler for inserts would read the whole collection and drop every document.
+fn check_snapshot_has_insert_handler(cx: &Ctxt, s: &Stream) {
+    if s.checkpoint.start_position != Some(StartPosition::Snapshot)
+        || s.handler_for(Op::Insert).is_some()
+        || s.catch_all().is_some()
+        || s.handlers.is_empty()
+    {
+        return;
+    }
+    cx.error_at(
+        s.checkpoint
+            .start_position_span
+            .unwrap_or_else(Span::call_site),
+        format!(
+            "`start_position = Snapshot` hands every existing document of `{}` to the insert handler, but the stream has none: add an #[on_insert] or #[on_change] handler, or start with `Resume`",
+            s.name
         ),
     );
 }

@@ -167,6 +167,7 @@ fn definition(s: &Stream) -> TokenStream {
                 c.start_position.map(|v| match v {
                     StartPosition::Resume => quote!(#p::StartPosition::Resume),
                     StartPosition::Latest => quote!(#p::StartPosition::Latest),
+                    StartPosition::Snapshot => quote!(#p::StartPosition::Snapshot),
                 }),
             ),
             (

@@ -143,9 +143,12 @@ pub fn change_stream(args: TokenStream, item: TokenStream) -> TokenStream {
 /// ## `save_interval_secs = u64`
 /// Heartbeat: write the latest settled position this often; `0` disables it. Default: `5`.
 ///
-/// ## `start_position = Resume | Latest`
+/// ## `start_position = Resume | Latest | Snapshot`
 /// `Resume` resumes from the stored checkpoint (or starts at "now" when none is stored);
-/// `Latest` ignores stored checkpoints. Default: `Resume`.
+/// `Latest` ignores stored checkpoints; `Snapshot` reads the collection's existing documents
+/// on the first start (each handed to the insert handler as a snapshot read), then streams
+/// from a position recorded before the scan. `Snapshot` needs an `#[on_insert]` or
+/// `#[on_change]` handler. Default: `Resume`.
 ///
 /// ## `on_history_lost = Fail | ResumeFromOplogStart | ResumeFromNow`
 /// What to do when every stored token is older than the retained history. Default: `Fail`.

@@ -632,6 +632,7 @@ fn checkpoint(stream: &str, data: &str, epoch: Option<i64>) -> Checkpoint {
         owner: Some("host-1".into()),
         epoch,
         updated_at: DateTime::from_millis(1_700_000_000_500),
+        snapshot: None,
     }
 }
 

@@ -73,6 +73,7 @@ async fn put_checkpoint(t: &Target, name: &str, data: &str, age_ms: i64) {
         owner: Some("host-1".into()),
         epoch: None,
         updated_at: ms_ago(age_ms),
+        snapshot: None,
     };
     t.coll("_fw_checkpoints")
         .replace_one(

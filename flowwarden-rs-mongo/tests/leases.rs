@@ -31,6 +31,7 @@ fn checkpoint(stream: &str, data: &str, epoch: i64) -> Checkpoint {
         owner: Some(format!("owner-{epoch}")),
         epoch: Some(epoch),
         updated_at: DateTime::now(),
+        snapshot: None,
     }
 }
 

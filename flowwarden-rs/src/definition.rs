@@ -110,6 +110,12 @@ pub enum StartPosition {
     Resume,
     /// Ignore stored checkpoints and start at the current head.
     Latest,
+    /// On the first start (no checkpoint stored), read the collection's existing documents
+    /// first, then stream from a position recorded before that scan, so nothing committed
+    /// before or during the scan is missed (`docs/checkpoint-resume.md`, "Initial snapshot").
+    /// Later starts resume from the checkpoint as with `Resume`; a start that finds an
+    /// unfinished scan continues it.
+    Snapshot,
 }
 
 /// What to do when every stored token points before the oldest retained history.

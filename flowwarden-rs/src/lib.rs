@@ -50,6 +50,7 @@ extern crate self as flowwarden;
 #[cfg(feature = "admin")]
 pub mod admin;
 mod backend;
+mod bson_order;
 mod context;
 #[cfg(feature = "dedup")]
 pub mod dedup;

@@ -129,6 +129,7 @@ fn checkpoint(stream: &str, n: u32, owner: &str, epoch: i64) -> Checkpoint {
         owner: Some(owner.to_owned()),
         epoch: Some(epoch),
         updated_at: DateTime::from_millis(1_700_000_000_000),
+        snapshot: None,
     }
 }
 

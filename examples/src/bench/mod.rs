@@ -109,6 +109,7 @@ pub async fn save_start_checkpoint(
         owner: None,
         epoch: None,
         updated_at: bson::DateTime::now(),
+        snapshot: None,
     };
     backend
         .checkpoints

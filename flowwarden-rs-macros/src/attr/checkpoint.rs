@@ -49,6 +49,7 @@ impl CheckpointArgs {
                         &[
                             ("Resume", StartPosition::Resume),
                             ("Latest", StartPosition::Latest),
+                            ("Snapshot", StartPosition::Snapshot),
                         ],
                     );
                 }

@@ -60,6 +60,7 @@ pub(crate) enum FullDocumentBeforeChange {
 pub(crate) enum StartPosition {
     Resume,
     Latest,
+    Snapshot,
 }
 
 /// Mirrors the runtime's `OnHistoryLost`.
@@ -140,6 +141,8 @@ pub(crate) struct Checkpoint {
     pub(crate) save_every_n: Option<u32>,
     pub(crate) save_interval_secs: Option<u64>,
     pub(crate) start_position: Option<StartPosition>,
+    /// Where `start_position` was written, for the rules that judge it.
+    pub(crate) start_position_span: Option<proc_macro2::Span>,
     pub(crate) on_history_lost: Option<OnHistoryLost>,
     pub(crate) resume_strategy: Option<ResumeStrategy>,
 }
@@ -422,6 +425,7 @@ impl Companions {
             save_every_n: v(c.save_every_n.clone()),
             save_interval_secs: v(c.save_interval_secs.clone()),
             start_position: v(c.start_position.clone()),
+            start_position_span: c.start_position.as_ref().map(|s| s.span),
             on_history_lost: v(c.on_history_lost.clone()),
             resume_strategy: v(c.resume_strategy.clone()),
         }

@@ -103,6 +103,7 @@ pub(crate) async fn reset(
         owner: Some(CLI_OWNER.to_owned()),
         epoch: stored_epoch(facts.checkpoint.raw.as_ref()),
         updated_at: DateTime::now(),
+        snapshot: None,
     };
     write(conn, name, facts.checkpoint.raw.as_ref(), &checkpoint).await?;
     tracing::info!(

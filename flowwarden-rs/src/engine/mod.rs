@@ -9,6 +9,7 @@ mod process;
 mod reader;
 mod resume;
 mod rng;
+pub(crate) mod snapshot;
 mod stream;
 pub(crate) mod tracker;
 mod worker;

@@ -161,6 +161,7 @@ mod tests {
             owner: None,
             epoch: None,
             updated_at: bson::DateTime::from_millis(0),
+            snapshot: None,
         }
     }
 

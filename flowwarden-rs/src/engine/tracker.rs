@@ -246,6 +246,7 @@ impl Tracker {
             owner: None,
             epoch: None,
             updated_at,
+            snapshot: None,
         }
     }
 

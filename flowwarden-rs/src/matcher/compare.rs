@@ -4,30 +4,7 @@ use std::cmp::Ordering;
 
 use bson::{Bson, Document};
 
-/// The rank of a value's type in MongoDB's sort order. Values of different brackets never
-/// compare equal; query comparisons (`$lt`, `$gt`, ...) only apply within one bracket.
-///
-/// Order: MinKey < Null (and undefined) < numbers < strings/symbols < documents < arrays <
-/// binary < ObjectId < booleans < dates < timestamps < regular expressions < code < MaxKey.
-pub fn type_bracket(value: &Bson) -> u8 {
-    match value {
-        Bson::MinKey => 0,
-        Bson::Null | Bson::Undefined => 1,
-        Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_) => 2,
-        Bson::String(_) | Bson::Symbol(_) => 3,
-        Bson::Document(_) => 4,
-        Bson::Array(_) => 5,
-        Bson::Binary(_) => 6,
-        Bson::ObjectId(_) => 7,
-        Bson::Boolean(_) => 8,
-        Bson::DateTime(_) => 9,
-        Bson::Timestamp(_) => 10,
-        Bson::RegularExpression(_) => 11,
-        Bson::DbPointer(_) => 12,
-        Bson::JavaScriptCode(_) | Bson::JavaScriptCodeWithScope(_) => 13,
-        Bson::MaxKey => 14,
-    }
-}
+pub use crate::bson_order::type_bracket;
 
 /// A number as either an exact integer or a double.
 enum Num {

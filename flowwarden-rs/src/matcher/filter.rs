@@ -7,11 +7,12 @@ use bson::{Bson, DateTime, Document};
 use super::compare::{bson_equal, compare_bson, type_bracket};
 use super::expression::Expression;
 use super::{array_index, MatchError};
+use crate::bson_order::{is_of_type, type_alias, type_alias_of_code};
 
 /// A parsed MongoDB query filter.
 ///
 /// Supported: implicit equality, `$eq`, `$ne`, `$in`, `$nin`, `$lt`, `$lte`, `$gt`, `$gte`,
-/// `$exists`, `$not`, `$size`, `$and`, `$or`, `$nor`, `$comment` (ignored) and `$expr` (with the
+/// `$exists`, `$type` (aliases, codes and arrays of them), `$not`, `$size`, `$and`, `$or`, `$nor`, `$comment` (ignored) and `$expr` (with the
 /// aggregation expressions of [`Expression`]), on dotted paths that go through sub-documents and
 /// arrays of sub-documents. Every other operator is refused by [`Filter::parse`] with
 /// [`MatchError::UnknownOperator`].
@@ -38,6 +39,7 @@ enum Cond {
     Cmp(CmpOp, Bson),
     Exists(bool),
     Size(usize),
+    Type(Vec<&'static str>),
     Not(Vec<Cond>),
 }
 
@@ -165,6 +167,7 @@ fn parse_conditions(value: &Bson) -> Result<Vec<Cond>, MatchError> {
             "$gt" => Cond::Cmp(CmpOp::Gt, arg.clone()),
             "$gte" => Cond::Cmp(CmpOp::Gte, arg.clone()),
             "$exists" => Cond::Exists(truthy(arg)),
+            "$type" => Cond::Type(type_aliases(op, arg)?),
             "$size" => {
                 let n = match arg {
                     Bson::Int32(n) => usize::try_from(*n).ok(),
@@ -266,6 +269,35 @@ fn collect_value<'a>(value: &'a Bson, path: &str, out: &mut Vec<&'a Bson>) {
     }
 }
 
+/// The aliases a `$type` argument names: an alias, a numeric code, or an array of them.
+fn type_aliases(op: &str, arg: &Bson) -> Result<Vec<&'static str>, MatchError> {
+    let one = |v: &Bson| -> Result<&'static str, MatchError> {
+        let alias = match v {
+            Bson::String(s) => type_alias(s),
+            Bson::Int32(n) => type_alias_of_code(i64::from(*n)),
+            Bson::Int64(n) => type_alias_of_code(*n),
+            Bson::Double(f) if f.fract() == 0.0 =>
+            {
+                #[allow(clippy::cast_possible_truncation)]
+                type_alias_of_code(*f as i64)
+            }
+            _ => None,
+        };
+        alias.ok_or_else(|| MatchError::BadValue {
+            op: op.to_owned(),
+            message: format!("unknown type name alias or code: {v}"),
+        })
+    };
+    match arg {
+        Bson::Array(items) if !items.is_empty() => items.iter().map(one).collect(),
+        Bson::Array(_) => Err(MatchError::BadValue {
+            op: op.to_owned(),
+            message: "must match at least one type".into(),
+        }),
+        other => Ok(vec![one(other)?]),
+    }
+}
+
 /// Whether one reached value, or (if it is an array) one of its elements, satisfies `pred`.
 fn any_leaf(value: &Bson, pred: &dyn Fn(&Bson) -> bool) -> bool {
     if pred(value) {
@@ -295,6 +327,9 @@ fn check(cond: &Cond, values: &[&Bson]) -> bool {
         Cond::In(ts) => ts.iter().any(|t| eq_matches(values, t)),
         Cond::Nin(ts) => !ts.iter().any(|t| eq_matches(values, t)),
         Cond::Exists(want) => values.is_empty() != *want,
+        Cond::Type(aliases) => values
+            .iter()
+            .any(|v| any_leaf(v, &|x| aliases.iter().any(|a| is_of_type(a, x)))),
         Cond::Size(n) => values
             .iter()
             .any(|v| matches!(v, Bson::Array(items) if items.len() == *n)),
@@ -369,6 +404,14 @@ mod tests {
 
     #[test]
     fn in_nin() {
+        assert!(m(doc! {"a": {"$type": "string"}}, doc! {"a": "x"}));
+        assert!(m(doc! {"a": {"$type": ["int", "objectId"]}}, doc! {"a": 3}));
+        assert!(m(doc! {"a": {"$type": 2}}, doc! {"a": ["x", 1]}));
+        assert!(m(doc! {"a": {"$type": "number"}}, doc! {"a": 2.5}));
+        assert!(!m(doc! {"a": {"$type": "string"}}, doc! {"a": 3}));
+        assert!(!m(doc! {"a": {"$type": "string"}}, doc! {}));
+        assert!(Filter::parse(&doc! {"a": {"$type": "nope"}}).is_err());
+        assert!(Filter::parse(&doc! {"a": {"$type": []}}).is_err());
         assert!(m(doc! {"a": {"$in": [1, 2]}}, doc! {"a": 2}));
         assert!(!m(doc! {"a": {"$in": [1, 2]}}, doc! {"a": 3}));
         assert!(m(doc! {"a": {"$in": [null]}}, doc! {}));

@@ -18,6 +18,13 @@ pub(crate) struct Coll {
     docs: BTreeMap<String, Arc<Document>>,
 }
 
+impl Coll {
+    /// Every document, in no particular order.
+    pub(crate) fn documents(&self) -> impl Iterator<Item = &Arc<Document>> {
+        self.docs.values()
+    }
+}
+
 /// An error of an in-memory collection operation.
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum MemoryError {

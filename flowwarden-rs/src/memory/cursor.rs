@@ -13,8 +13,8 @@ use crate::definition::{FullDocument, FullDocumentBeforeChange};
 use crate::event::ResumeToken;
 use crate::matcher::pipeline::EventPipeline;
 use crate::port::{
-    ChangeCursor, ChangeSource, HistoryBounds, HistoryUnknown, SourceError, SourceErrorKind,
-    SourceItem, StartAt, WatchSpec,
+    ChangeCursor, ChangeSource, HistoryBounds, HistoryUnknown, ScanRequest, SourceError,
+    SourceErrorKind, SourceItem, StartAt, WatchSpec,
 };
 
 /// MongoDB's wording, so logs read the same on both backends.
@@ -162,6 +162,18 @@ impl ChangeSource for MemoryBackend {
             None if seq + 1 >= st.next_seq && st.oplog.is_empty() => Some(self.wall_time()),
             None => None,
         }
+    }
+
+    /// The collection's documents in `_id` order (MongoDB's order across types), read under
+    /// the backend's lock: one consistent batch.
+    async fn scan(&self, request: &ScanRequest) -> Result<Vec<Document>, SourceError> {
+        let db = request
+            .database
+            .clone()
+            .unwrap_or_else(|| self.default_database());
+        let mut st = self.lock();
+        st.faults.on_scan()?;
+        super::scan::scan(&st, &db, request)
     }
 }
 

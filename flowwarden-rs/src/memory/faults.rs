@@ -17,6 +17,7 @@ use crate::port::SourceErrorKind;
 pub(crate) struct FaultState {
     pub(crate) fail_reads: VecDeque<SourceError>,
     pub(crate) fail_opens: VecDeque<SourceError>,
+    pub(crate) fail_scans: VecDeque<SourceError>,
     pub(crate) close_generation: u64,
     pub(crate) open_generation: u64,
     pub(crate) rewind: Option<(u64, u64)>,
@@ -68,6 +69,15 @@ impl FaultState {
         }
         #[cfg(not(feature = "test-util"))]
         Ok(0)
+    }
+
+    /// An initial snapshot reads a batch: an injected scan failure, if any.
+    pub(crate) fn on_scan(&mut self) -> Result<(), SourceError> {
+        #[cfg(feature = "test-util")]
+        if let Some(e) = self.fail_scans.pop_front() {
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// A cursor of `generation` reads.
@@ -198,6 +208,15 @@ impl Faults {
         });
     }
 
+    /// The next `n` batches of an initial snapshot's scan fail with an error of this kind.
+    pub fn fail_next_scans(&self, n: usize, kind: SourceErrorKind, message: &str) {
+        self.with(|f| {
+            for _ in 0..n {
+                f.fail_scans.push_back(SourceError::new(kind, message));
+            }
+        });
+    }
+
     /// Every cursor open now fails its next read with a resumable "cursor killed" error.
     pub fn close_streams(&self) {
         self.with(|f| f.close_generation = f.open_generation);
@@ -262,6 +281,7 @@ impl Faults {
         self.with(|f| {
             f.fail_reads.clear();
             f.fail_opens.clear();
+            f.fail_scans.clear();
             f.rewind = None;
             f.read_delay = None;
             f.checkpoint_save_failures = 0;

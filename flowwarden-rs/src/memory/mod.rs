@@ -9,6 +9,7 @@ mod cursor;
 mod faults;
 mod leases;
 mod oplog;
+mod scan;
 mod stores;
 
 use std::collections::{BTreeMap, VecDeque};

@@ -1,7 +1,7 @@
 //! The checkpoint a stream persists (the FlowWarden pair of tokens) and the store it lives in.
 
 use async_trait::async_trait;
-use bson::{DateTime, Timestamp};
+use bson::{Bson, DateTime, Timestamp};
 
 use super::lease::Fence;
 use super::store_error::StoreError;
@@ -18,6 +18,22 @@ pub struct StoredPosition {
     pub wall_time: Option<DateTime>,
     /// Resume with `startAfter` (the token is an invalidate's).
     pub start_after: bool,
+}
+
+/// The progress of an unfinished initial snapshot (`start_position = Snapshot`), stored in the
+/// stream's checkpoint until the scan is complete, so a restart continues the scan where it
+/// stopped instead of reading the collection again or starting at "now".
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotProgress {
+    /// The change-stream position recorded before the scan began: once the scan is complete
+    /// the stream resumes after it, so every change made during the scan is delivered.
+    pub start: StoredPosition,
+    /// The `_id` of the last document the scan settled; `None` before the first.
+    pub last_id: Option<Bson>,
+    /// Documents the scan has settled so far (handled, filtered out or dead-lettered).
+    pub scanned: u64,
+    /// When the scan began.
+    pub started_at: DateTime,
 }
 
 /// The persisted progress of one stream: the FlowWarden pair of tokens.
@@ -40,6 +56,9 @@ pub struct Checkpoint {
     pub epoch: Option<i64>,
     /// When it was written.
     pub updated_at: DateTime,
+    /// An initial snapshot still in progress; while it is set, the stream continues the scan
+    /// before it streams, and the two tokens are not used.
+    pub snapshot: Option<SnapshotProgress>,
 }
 
 /// A stored checkpoint that does not parse: names the stream and the field.

@@ -6,7 +6,7 @@
 
 use bson::{doc, Bson, Document};
 
-use super::checkpoint::{Checkpoint, CheckpointParseError, StoredPosition};
+use super::checkpoint::{Checkpoint, CheckpointParseError, SnapshotProgress, StoredPosition};
 use super::dead_letter::{DeadLetterRecord, DeadLetterStatus};
 use super::store_error::{StoreError, StoreErrorKind};
 use crate::event::ResumeToken;
@@ -16,6 +16,10 @@ use crate::event::ResumeToken;
 pub const MAX_BSON_RECORD_BYTES: usize = 16 * 1024 * 1024 - 64 * 1024;
 
 const FORMAT_VERSION: i32 = 1;
+/// The format of a checkpoint that carries an unfinished initial snapshot: a release that
+/// does not know snapshots refuses it loudly (corrupt checkpoint) instead of reading "no
+/// position" and starting at "now", which would skip the rest of the scan.
+const FORMAT_VERSION_SNAPSHOT: i32 = 2;
 
 /// Field a leader's claim sets on the checkpoint document (see
 /// [`crate::port::CheckpointStore::claim`]).
@@ -33,9 +37,25 @@ pub fn is_claim_only(doc: &Document) -> bool {
 /// The document stored for a checkpoint (`_fw_checkpoints` on MongoDB; the in-memory
 /// backend keeps the same document).
 pub fn encode_checkpoint(checkpoint: &Checkpoint) -> Document {
-    let mut d = doc! { "_id": &checkpoint.stream, "v": FORMAT_VERSION };
+    let version = if checkpoint.snapshot.is_some() {
+        FORMAT_VERSION_SNAPSHOT
+    } else {
+        FORMAT_VERSION
+    };
+    let mut d = doc! { "_id": &checkpoint.stream, "v": version };
     put_position(&mut d, "lastProcessed", checkpoint.last_processed.as_ref());
     put_position(&mut d, "lastSeen", checkpoint.last_seen.as_ref());
+    if let Some(snapshot) = &checkpoint.snapshot {
+        put_position(&mut d, "snapshotStart", Some(&snapshot.start));
+        if let Some(id) = &snapshot.last_id {
+            d.insert("snapshotLastId", id.clone());
+        }
+        d.insert(
+            "snapshotScanned",
+            i64::try_from(snapshot.scanned).unwrap_or(i64::MAX),
+        );
+        d.insert("snapshotStartedAt", snapshot.started_at);
+    }
     if let Some(owner) = &checkpoint.owner {
         d.insert("owner", owner);
     }
@@ -65,11 +85,17 @@ pub fn decode_checkpoint(doc: &Document) -> Result<Checkpoint, CheckpointParseEr
         problem: problem.into(),
     };
     match doc.get("v") {
-        None | Some(Bson::Int32(FORMAT_VERSION)) => {}
-        Some(_) => return Err(err("v", "is not a format version this release reads (1)")),
+        None | Some(Bson::Int32(FORMAT_VERSION | FORMAT_VERSION_SNAPSHOT)) => {}
+        Some(_) => {
+            return Err(err(
+                "v",
+                "is not a format version this release reads (1, or 2 during an initial snapshot)",
+            ))
+        }
     }
     let last_processed = get_position(doc, "lastProcessed", &err)?;
     let last_seen = get_position(doc, "lastSeen", &err)?;
+    let snapshot = get_snapshot(doc, &err)?;
     let owner = match doc.get("owner") {
         None | Some(Bson::Null) => None,
         Some(Bson::String(s)) => Some(s.clone()),
@@ -93,7 +119,49 @@ pub fn decode_checkpoint(doc: &Document) -> Result<Checkpoint, CheckpointParseEr
         owner,
         epoch,
         updated_at,
+        snapshot,
     })
+}
+
+fn get_snapshot(
+    d: &Document,
+    err: &dyn Fn(&str, &str) -> CheckpointParseError,
+) -> Result<Option<SnapshotProgress>, CheckpointParseError> {
+    let Some(start) = get_position(d, "snapshotStart", err)? else {
+        if d.contains_key("snapshotLastId") || d.contains_key("snapshotScanned") {
+            return Err(err(
+                "snapshotStartToken",
+                "is missing while the snapshot's progress is present",
+            ));
+        }
+        return Ok(None);
+    };
+    let last_id = match d.get("snapshotLastId") {
+        None => None,
+        Some(Bson::Array(_)) => return Err(err("snapshotLastId", "is an array (never an _id)")),
+        Some(id) => Some(id.clone()),
+    };
+    let scanned = match d.get("snapshotScanned") {
+        Some(Bson::Int64(n)) => {
+            u64::try_from(*n).map_err(|_| err("snapshotScanned", "is negative"))?
+        }
+        Some(Bson::Int32(n)) => {
+            u64::try_from(*n).map_err(|_| err("snapshotScanned", "is negative"))?
+        }
+        None => return Err(err("snapshotScanned", "is missing")),
+        Some(_) => return Err(err("snapshotScanned", "is not an integer")),
+    };
+    let started_at = match d.get("snapshotStartedAt") {
+        Some(Bson::DateTime(t)) => *t,
+        None => return Err(err("snapshotStartedAt", "is missing")),
+        Some(_) => return Err(err("snapshotStartedAt", "is not a date")),
+    };
+    Ok(Some(SnapshotProgress {
+        start,
+        last_id,
+        scanned,
+        started_at,
+    }))
 }
 
 fn put_position(d: &mut Document, prefix: &str, pos: Option<&StoredPosition>) {
@@ -265,7 +333,59 @@ mod tests {
             owner: Some("host-1".into()),
             epoch: Some(3),
             updated_at: DateTime::from_millis(5000),
+            snapshot: None,
         }
+    }
+
+    fn mid_snapshot() -> Checkpoint {
+        Checkpoint {
+            last_processed: None,
+            last_seen: None,
+            snapshot: Some(SnapshotProgress {
+                start: StoredPosition {
+                    token: ResumeToken::from_document(doc! {"_data": "0C"}),
+                    cluster_time: None,
+                    wall_time: None,
+                    start_after: false,
+                },
+                last_id: Some(Bson::String("order-41".into())),
+                scanned: 41,
+                started_at: DateTime::from_millis(4000),
+            }),
+            ..sample()
+        }
+    }
+
+    #[test]
+    fn an_unfinished_snapshot_round_trips_under_its_own_version() {
+        let cp = mid_snapshot();
+        let d = encode_checkpoint(&cp);
+        assert_eq!(d.get_i32("v"), Ok(2));
+        assert_eq!(decode_checkpoint(&d), Ok(cp));
+        // Before the first document: no last `_id`.
+        let mut first = mid_snapshot();
+        if let Some(s) = first.snapshot.as_mut() {
+            s.last_id = None;
+            s.scanned = 0;
+        }
+        assert_eq!(decode_checkpoint(&encode_checkpoint(&first)), Ok(first));
+        assert_eq!(encode_checkpoint(&sample()).get_i32("v"), Ok(1));
+    }
+
+    #[test]
+    fn a_damaged_snapshot_progress_is_corrupt() {
+        let mut d = encode_checkpoint(&mid_snapshot());
+        d.remove("snapshotStartToken");
+        assert_eq!(
+            decode_checkpoint(&d).unwrap_err().field,
+            "snapshotStartToken"
+        );
+        let mut d = encode_checkpoint(&mid_snapshot());
+        d.insert("snapshotScanned", "many");
+        assert_eq!(decode_checkpoint(&d).unwrap_err().field, "snapshotScanned");
+        let mut d = encode_checkpoint(&mid_snapshot());
+        d.insert("snapshotLastId", vec![Bson::Int32(1)]);
+        assert_eq!(decode_checkpoint(&d).unwrap_err().field, "snapshotLastId");
     }
 
     #[test]

@@ -16,10 +16,13 @@ pub mod codec;
 mod dead_letter;
 mod driver;
 mod lease;
+mod scan;
 mod source;
 mod store_error;
 
-pub use checkpoint::{Checkpoint, CheckpointParseError, CheckpointStore, StoredPosition};
+pub use checkpoint::{
+    Checkpoint, CheckpointParseError, CheckpointStore, SnapshotProgress, StoredPosition,
+};
 pub use dead_letter::{
     DeadLetterQuery, DeadLetterRecord, DeadLetterStatus, DeadLetterStore, PutOutcome,
 };
@@ -28,6 +31,7 @@ pub use driver::{
     install_driver, BackendDriver, DriverRegistration, ProvidedBackend, MONGODB_URI_VAR,
 };
 pub use lease::{check_fence, Fence, Lease, LeaseStore};
+pub use scan::{ids_after, ScanRequest};
 pub use source::{
     timestamp_time, ChangeCursor, ChangeSource, HistoryBounds, HistoryUnknown, SourceError,
     SourceErrorKind, SourceItem, StartAt, WatchSpec,

@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bson::{DateTime, Document, Timestamp};
 
+use super::scan::ScanRequest;
 use crate::definition::{FullDocument, FullDocumentBeforeChange};
 use crate::event::ResumeToken;
 
@@ -172,6 +173,22 @@ pub trait ChangeSource: Send + Sync + 'static {
     /// position's time cannot be told.
     fn position_time(&self, position: &ResumeToken) -> Option<DateTime> {
         position.cluster_time().map(timestamp_time)
+    }
+
+    /// The next batch of an initial snapshot: at most `request.limit` documents of the
+    /// collection that match `request.filter` and whose `_id` sorts after `request.after`,
+    /// in `_id` order (MongoDB's order across types). An empty batch ends the scan. The
+    /// default says the source cannot scan; a stream with `start_position = Snapshot` then
+    /// halts with a configuration error before it reads anything.
+    async fn scan(&self, request: &ScanRequest) -> Result<Vec<Document>, SourceError> {
+        Err(SourceError::new(
+            SourceErrorKind::Configuration,
+            format!(
+                "stream '{}': the source {} cannot read a collection's documents, so `start_position = Snapshot` is not available on it",
+                request.stream,
+                self.describe()
+            ),
+        ))
     }
 }
 

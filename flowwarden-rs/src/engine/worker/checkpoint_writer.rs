@@ -10,9 +10,9 @@ use super::Worker;
 use crate::engine::tracker::Tracker;
 use crate::engine::StreamExit;
 use crate::handler::StreamHandler;
-use crate::port::CheckpointStore;
 use crate::port::Fence;
 use crate::port::StoreErrorKind;
+use crate::port::{Checkpoint, CheckpointStore};
 use crate::port::{SourceError, SourceErrorKind};
 use crate::status::{Halt, HaltReason, StatusCell};
 
@@ -37,22 +37,31 @@ impl Progress {
         if !self.tracker.is_dirty() {
             return Ok(());
         }
-        let name = self.name;
-        let mut snapshot = self.tracker.snapshot(&self.key, DateTime::now());
-        snapshot.owner = Some(self.owner.clone());
-        if let Some(f) = &self.fence {
-            snapshot.owner = Some(f.owner.clone());
-            snapshot.epoch = Some(f.epoch);
+        let checkpoint = self.tracker.snapshot(&self.key, DateTime::now());
+        if self.write(checkpoint).await? {
+            self.tracker.mark_saved();
         }
-        match self.store.save(&snapshot).await {
+        Ok(())
+    }
+
+    /// Writes `checkpoint` stamped with the writer's identity and epoch; `Ok(false)` when the
+    /// store refused it for a reason other than fencing (logged and counted: the caller keeps
+    /// the progress and writes it at the next opportunity); a fenced write halts the stream.
+    pub(super) async fn write(&mut self, mut checkpoint: Checkpoint) -> Result<bool, Halt> {
+        let name = self.name;
+        checkpoint.owner = Some(self.owner.clone());
+        if let Some(f) = &self.fence {
+            checkpoint.owner = Some(f.owner.clone());
+            checkpoint.epoch = Some(f.epoch);
+        }
+        match self.store.save(&checkpoint).await {
             Ok(()) => {
-                self.tracker.mark_saved();
                 self.saved.increment(1);
                 self.status.update(|s| {
                     s.counters.checkpoints_saved += 1;
-                    s.checkpoint = Some(snapshot);
+                    s.checkpoint = Some(checkpoint);
                 });
-                Ok(())
+                Ok(true)
             }
             Err(e) if e.kind == StoreErrorKind::Fenced => Err(Halt::new(
                 HaltReason::Fenced,
@@ -62,7 +71,7 @@ impl Progress {
                 self.failed.increment(1);
                 self.status.update(|s| s.counters.checkpoint_failures += 1);
                 warn!(stream = name, error = %e, "checkpoint write failed; progress is kept in memory and written at the next opportunity");
-                Ok(())
+                Ok(false)
             }
         }
     }
@@ -89,5 +98,27 @@ impl<H: StreamHandler> Worker<H> {
             }
         }
         Ok(())
+    }
+
+    /// Writes `checkpoint` (not the tracker's prefix) and does not return before it is stored,
+    /// retrying a refused write with the restart backoff like [`Worker::persist_settled`].
+    pub(super) async fn persist_checkpoint(
+        &mut self,
+        checkpoint: Checkpoint,
+        what: &str,
+    ) -> Result<(), StreamExit> {
+        loop {
+            match self.progress.write(checkpoint.clone()).await {
+                Ok(true) => return Ok(()),
+                Ok(false) => {
+                    let err = SourceError::new(
+                        SourceErrorKind::Resumable,
+                        format!("checkpoint store unavailable: {what} could not be written"),
+                    );
+                    self.backoff(&err).await?;
+                }
+                Err(h) => return Err(StreamExit::Halted(h)),
+            }
+        }
     }
 }

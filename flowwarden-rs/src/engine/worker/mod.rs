@@ -4,7 +4,8 @@
 //!
 //! By concept: this module holds the stream loop and its exit; `opening` loads and claims the
 //! checkpoint and opens the source (resume cascade, `on_history_lost`); `session` is the
-//! per-event select of one open cursor; `checkpoint_writer` writes the tracker's settled
+//! per-event select of one open cursor; `snapshot` is the initial snapshot that runs before
+//! the first open of a `start_position = Snapshot` stream; `checkpoint_writer` writes the tracker's settled
 //! prefix; `backoff` is the restart backoff; `redelivery` remembers what was settled, to count
 //! redeliveries.
 
@@ -14,6 +15,7 @@ mod keyed_session;
 mod opening;
 mod redelivery;
 mod session;
+mod snapshot;
 
 use std::sync::Arc;
 
@@ -114,6 +116,10 @@ impl<H: StreamHandler> Worker<H> {
         let name = self.def.name;
         self.env.status.set_state(StreamState::Starting);
         let stored = match self.load_checkpoint().await {
+            Ok(stored) => stored,
+            Err(exit) => return self.exit(exit).await,
+        };
+        let stored = match self.initial_snapshot(stored).await {
             Ok(stored) => stored,
             Err(exit) => return self.exit(exit).await,
         };

@@ -300,6 +300,7 @@ pub(crate) fn checkpoint(key: &str, n: u32, fence: Option<&Lease>) -> Checkpoint
         owner: fence.map(|l| l.owner.clone()),
         epoch: fence.map(|l| l.epoch),
         updated_at: DateTime::from_millis(1_700_000_100_000 + i64::from(n)),
+        snapshot: None,
     }
 }
 
