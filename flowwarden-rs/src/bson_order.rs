@@ -10,6 +10,7 @@ use bson::Bson;
 ///
 /// Order: MinKey < Null (and undefined) < numbers < strings/symbols < documents < arrays <
 /// binary < ObjectId < booleans < dates < timestamps < regular expressions < code < MaxKey.
+#[cfg_attr(not(feature = "matcher"), allow(unreachable_pub))] // public through `matcher`
 pub fn type_bracket(value: &Bson) -> u8 {
     match value {
         Bson::MinKey => 0,
