@@ -43,6 +43,7 @@ pub mod cli;
 mod history;
 mod lease;
 mod resumes;
+mod scan;
 mod source;
 mod stores;
 mod token;

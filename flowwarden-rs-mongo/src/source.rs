@@ -15,8 +15,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bson::{doc, Bson, Document, Timestamp};
 use flowwarden::port::{
-    ChangeCursor, ChangeSource, HistoryBounds, HistoryUnknown, SourceError, SourceErrorKind,
-    SourceItem, StartAt, WatchSpec,
+    ChangeCursor, ChangeSource, HistoryBounds, HistoryUnknown, ScanRequest, SourceError,
+    SourceErrorKind, SourceItem, StartAt, WatchSpec,
 };
 use flowwarden::{FullDocument, FullDocumentBeforeChange, ResumeToken};
 use mongodb::change_stream::ChangeStream;
@@ -224,6 +224,11 @@ impl ChangeSource for MongoBackend {
 
     async fn history_bounds(&self) -> Result<HistoryBounds, HistoryUnknown> {
         self.oplog_bounds().await
+    }
+
+    /// One `find` per batch in `_id` order (see `scan.rs`).
+    async fn scan(&self, request: &ScanRequest) -> Result<Vec<Document>, SourceError> {
+        self.scan_batch(request).await
     }
 }
 

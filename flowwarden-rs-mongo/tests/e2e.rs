@@ -16,45 +16,6 @@ use mongo_emulator::CommandError;
 use support::*;
 use tokio::sync::Notify;
 
-/// Declares a scenario `$name(&Target)`: an emulator test, and a live test (or, for scenarios
-/// that need the emulator's fault injection, a live test that says why it does not run).
-macro_rules! scenario {
-    ($name:ident) => {
-        mod $name {
-            use super::*;
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn emulator() {
-                let t = Target::emulator().await;
-                super::$name(&t).await;
-                t.finish().await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn live() {
-                let Some(t) = Target::live(stringify!($name)).await else {
-                    return;
-                };
-                super::$name(&t).await;
-                t.finish().await;
-            }
-        }
-    };
-    ($name:ident, emulator_only: $why:literal) => {
-        mod $name {
-            use super::*;
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn emulator() {
-                let t = Target::emulator().await;
-                super::$name(&t).await;
-                t.finish().await;
-            }
-            #[tokio::test]
-            async fn live() {
-                Target::skip_live(stringify!($name), $why);
-            }
-        }
-    };
-}
-
 scenario!(routes_every_operation_and_checkpoints_after_the_last);
 async fn routes_every_operation_and_checkpoints_after_the_last(t: &Target) {
     let probe = Probe::default();

@@ -11,8 +11,8 @@ use std::time::Duration;
 use bson::{doc, oid::ObjectId, Bson, Document};
 use flowwarden::port::SourceErrorKind;
 use flowwarden::{
-    change_stream, checkpoint, ChangeContext, FullDocument, HaltReason, HandlerError, MemoryBackend,
-    OnHistoryLost, StartPosition, StreamDefinition, StreamState,
+    change_stream, checkpoint, ChangeContext, FullDocument, HaltReason, HandlerError,
+    MemoryBackend, OnHistoryLost, StartPosition, StreamDefinition, StreamState,
 };
 use futures::FutureExt;
 use support::{def, insert_ids, start, start_with, wait_status, wait_until, Probe};
@@ -30,11 +30,10 @@ impl Log {
             .document_key()
             .and_then(|k| k.get("_id").cloned())
             .unwrap_or(Bson::Null);
-        self.0.lock().unwrap().push((
-            ctx.operation_type().to_string(),
-            id,
-            ctx.is_snapshot(),
-        ));
+        self.0
+            .lock()
+            .unwrap()
+            .push((ctx.operation_type().to_string(), id, ctx.is_snapshot()));
     }
 
     fn all(&self) -> Vec<Seen> {
@@ -211,7 +210,10 @@ async fn writes_during_the_scan_end_with_the_projection_equal_to_the_collection(
     assert_eq!(*projection.lock().unwrap(), expected);
     // Deleted before the scan reached them: never read by the scan.
     let scanned = log.scanned();
-    assert!(!scanned.contains(&7) && !scanned.contains(&9), "{scanned:?}");
+    assert!(
+        !scanned.contains(&7) && !scanned.contains(&9),
+        "{scanned:?}"
+    );
     // The insert after the cursor was read by the scan and then delivered again by the stream
     // (a duplicate, never a gap).
     assert!(scanned.contains(&11), "{scanned:?}");
@@ -284,10 +286,7 @@ async fn a_graceful_stop_mid_scan_keeps_the_progress() {
     let d = snapshot_def("snap-stop", |d| d.checkpoint.save_every_n = 100);
     let rt = start(&backend, &probe, d).await;
     wait_until("3 in flight", || {
-        probe
-            .calls()
-            .iter()
-            .any(|c| c.key == Some(Bson::Int32(3)))
+        probe.calls().iter().any(|c| c.key == Some(Bson::Int32(3)))
     })
     .await;
     rt.shutdown().await;
@@ -346,7 +345,10 @@ async fn history_lost_during_the_scan_halts_whatever_on_history_lost_says() {
     assert_eq!(st.state, StreamState::HistoryLost);
     let cp = backend.checkpoint_document("snap-lost").unwrap();
     assert!(cp.contains_key("snapshotLastId"), "progress kept: {cp}");
-    assert!(!cp.contains_key("lastSeenToken"), "never switched to now: {cp}");
+    assert!(
+        !cp.contains_key("lastSeenToken"),
+        "never switched to now: {cp}"
+    );
     assert!(log.streamed().is_empty(), "{:?}", log.all());
 }
 

@@ -15,6 +15,46 @@ use flowwarden_rs_mongo::MongoBackend;
 use mongo_emulator::Emulator;
 use mongodb::Collection;
 
+/// Declares a scenario `$name(&Target)`: an emulator test, and a live test (or, for scenarios
+/// that need the emulator's fault injection, a live test that says why it does not run).
+#[macro_export]
+macro_rules! scenario {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn emulator() {
+                let t = Target::emulator().await;
+                super::$name(&t).await;
+                t.finish().await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn live() {
+                let Some(t) = Target::live(stringify!($name)).await else {
+                    return;
+                };
+                super::$name(&t).await;
+                t.finish().await;
+            }
+        }
+    };
+    ($name:ident, emulator_only: $why:literal) => {
+        mod $name {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn emulator() {
+                let t = Target::emulator().await;
+                super::$name(&t).await;
+                t.finish().await;
+            }
+            #[tokio::test]
+            async fn live() {
+                Target::skip_live(stringify!($name), $why);
+            }
+        }
+    };
+}
+
 /// The variable naming a live replica set for the live variants.
 pub const LIVE_ENV: &str = "FLOWWARDEN_TEST_MONGODB_URI";
 
