@@ -467,6 +467,10 @@ impl ChangeCursor {
                 },
             }
         }
+        if let Some(tag) = &e.txn {
+            ev.insert("lsid", tag.lsid.clone());
+            ev.insert("txnNumber", tag.txn_number);
+        }
         Ok(ev)
     }
 }

@@ -2,6 +2,9 @@
 
 use bson::{doc, Bson, Document};
 
+/// The label of errors after which the whole transaction may be retried.
+pub(crate) const TRANSIENT_TRANSACTION_ERROR: &str = "TransientTransactionError";
+
 /// Errors of the emulator's Rust API (not of the commands it answers).
 #[derive(Debug, thiserror::Error)]
 pub enum EmulatorError {
@@ -124,6 +127,61 @@ impl CommandError {
     /// 26 NamespaceNotFound.
     pub fn namespace_not_found(msg: impl Into<String>) -> CommandError {
         CommandError::new(26, "NamespaceNotFound", msg)
+    }
+
+    /// 112 WriteConflict labelled `TransientTransactionError`, worded as the server words it: what
+    /// a transaction gets when a document it writes was changed by another committed write.
+    pub fn write_conflict() -> CommandError {
+        CommandError::new(
+            112,
+            "WriteConflict",
+            "Write conflict during plan execution and yielding is disabled. :: Please retry your operation or multi-document transaction.",
+        )
+        .with_label(TRANSIENT_TRANSACTION_ERROR)
+    }
+
+    /// 251 NoSuchTransaction labelled `TransientTransactionError` (the transaction is not open:
+    /// never started, aborted or expired).
+    pub fn no_such_transaction(msg: impl Into<String>) -> CommandError {
+        CommandError::new(251, "NoSuchTransaction", msg).with_label(TRANSIENT_TRANSACTION_ERROR)
+    }
+
+    /// 225 TransactionTooOld (a newer `txnNumber` was already used on the session).
+    pub fn transaction_too_old(msg: impl Into<String>) -> CommandError {
+        CommandError::new(225, "TransactionTooOld", msg)
+    }
+
+    /// 256 TransactionCommitted (for example `abortTransaction` after the commit).
+    pub fn transaction_committed(msg: impl Into<String>) -> CommandError {
+        CommandError::new(256, "TransactionCommitted", msg)
+    }
+
+    /// 263 OperationNotSupportedInTransaction.
+    pub fn not_supported_in_transaction(msg: impl Into<String>) -> CommandError {
+        CommandError::new(263, "OperationNotSupportedInTransaction", msg)
+    }
+
+    /// 11602 InterruptedDueToReplStateChange labelled `RetryableWriteError`: what a primary that
+    /// steps down answers a `commitTransaction` with. The driver retries such a commit once
+    /// by itself (see [`crate::Emulator::fail_commit_after_applying`]).
+    pub fn interrupted_due_to_repl_state_change() -> CommandError {
+        CommandError::new(
+            11602,
+            "InterruptedDueToReplStateChange",
+            "operation was interrupted because of a replica set state change",
+        )
+        .with_label("RetryableWriteError")
+    }
+
+    /// 50 MaxTimeMSExpired (no label). On a `commitTransaction` the driver labels it
+    /// `UnknownTransactionCommitResult` but does not retry it.
+    pub fn max_time_ms_expired() -> CommandError {
+        CommandError::new(50, "MaxTimeMSExpired", "operation exceeded time limit")
+    }
+
+    /// Whether the error carries `label`.
+    pub fn has_label(&self, label: &str) -> bool {
+        self.labels.iter().any(|l| l == label)
     }
 
     /// The reply document for this error.

@@ -21,6 +21,7 @@ mod commands;
 mod error;
 mod server;
 mod state;
+mod txn;
 mod wire;
 
 use std::net::SocketAddr;
@@ -42,6 +43,9 @@ use state::Token;
 /// Default oplog capacity, in entries.
 pub const DEFAULT_OPLOG_CAPACITY: usize = 1_000_000;
 
+/// Default transaction lifetime limit: 60 s, the server's default.
+pub const DEFAULT_TRANSACTION_LIFETIME_LIMIT: Duration = Duration::from_secs(60);
+
 /// Start-up options.
 #[derive(Debug, Clone)]
 pub struct EmulatorOptions {
@@ -49,6 +53,10 @@ pub struct EmulatorOptions {
     pub port: u16,
     /// How many oplog entries are retained; older ones are discarded (their history is lost).
     pub oplog_capacity: usize,
+    /// How long a transaction may stay open, in server time (the real clock plus
+    /// [`Emulator::advance_clock`]), before it is aborted, like the server's
+    /// `transactionLifetimeLimitSeconds`. Default [`DEFAULT_TRANSACTION_LIFETIME_LIMIT`].
+    pub transaction_lifetime_limit: Duration,
 }
 
 impl Default for EmulatorOptions {
@@ -56,6 +64,7 @@ impl Default for EmulatorOptions {
         EmulatorOptions {
             port: 0,
             oplog_capacity: DEFAULT_OPLOG_CAPACITY,
+            transaction_lifetime_limit: DEFAULT_TRANSACTION_LIFETIME_LIMIT,
         }
     }
 }
@@ -99,7 +108,11 @@ impl Emulator {
         let me = addr.to_string();
         let (kill_tx, _) = watch::channel(0u64);
         let shared = Arc::new(Shared {
-            state: Mutex::new(State::new(options.oplog_capacity, me.clone())),
+            state: Mutex::new(State::new(
+                options.oplog_capacity,
+                me.clone(),
+                options.transaction_lifetime_limit,
+            )),
             faults: Mutex::new(Faults::default()),
             kill_tx,
             me,
@@ -157,9 +170,28 @@ impl Emulator {
         self.fail_command("aggregate", times, error);
     }
 
-    /// Removes every pending injected failure.
+    /// Makes the next `times` `commitTransaction` commands that succeed reply with `error`
+    /// instead: the commit **is** applied (its writes are visible and streamed), only the
+    /// reply is lost, as when a primary commits and then fails before answering. The first
+    /// such command applies the transaction; a retry of a committed transaction applies
+    /// nothing and also counts. Labelled `RetryableWriteError` (for example
+    /// [`CommandError::interrupted_due_to_repl_state_change`]), the driver retries the commit
+    /// once by itself; a second failure reaches the caller labelled
+    /// `UnknownTransactionCommitResult`. A new call replaces the pending rule.
+    pub fn fail_commit_after_applying(&self, times: u32, error: CommandError) {
+        self.shared.faults().commit_after = (times > 0).then(|| FailRule {
+            command: "commitTransaction".to_string(),
+            remaining: times,
+            error,
+        });
+    }
+
+    /// Removes every pending injected failure (including
+    /// [`Emulator::fail_commit_after_applying`]).
     pub fn clear_failures(&self) {
-        self.shared.faults().rules.clear();
+        let mut f = self.shared.faults();
+        f.rules.clear();
+        f.commit_after = None;
     }
 
     /// Drops every open client connection now (the driver sees network errors and reconnects).
@@ -172,8 +204,13 @@ impl Emulator {
     /// `replSetGetStatus` fails with 10107 NotWritablePrimary (labelled
     /// `ResumableChangeStreamError` on a change stream `getMore`, `RetryableWriteError` on a
     /// retryable write), until [`Emulator::step_up`].
+    ///
+    /// Like a server that steps down, it aborts every open transaction.
     pub fn step_down(&self) {
         self.shared.faults().stepped_down = true;
+        let mut st = self.shared.state();
+        st.txn.abort_all("the primary stepped down");
+        commands::sync_versions(&mut st);
     }
 
     /// Ends a step-down.
@@ -323,5 +360,30 @@ impl Emulator {
     /// Number of open cursors (find and change stream).
     pub fn open_cursors(&self) -> usize {
         self.shared.state().cursors.len()
+    }
+
+    // ----- transactions ------------------------------------------------------------------
+
+    /// How many transactions committed (retried commits of a committed transaction not
+    /// counted again).
+    pub fn transactions_committed(&self) -> u64 {
+        self.shared.state().txn.committed
+    }
+
+    /// How many transactions were aborted: by `abortTransaction`, a failed command or commit,
+    /// a write conflict, a newer transaction on the session, `endSessions`, step-down, an
+    /// injected `TransientTransactionError`, or the lifetime limit (counted when noticed: at
+    /// the next command or observation).
+    pub fn transactions_aborted(&self) -> u64 {
+        let mut st = self.shared.state();
+        commands::expire_transactions(&mut st);
+        st.txn.aborted
+    }
+
+    /// Number of open transactions (after aborting those past the lifetime limit).
+    pub fn open_transactions(&self) -> usize {
+        let mut st = self.shared.state();
+        commands::expire_transactions(&mut st);
+        st.txn.open()
     }
 }

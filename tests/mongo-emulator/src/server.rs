@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::commands::{self, Reply, State};
-use crate::error::CommandError;
+use crate::error::{CommandError, TRANSIENT_TRANSACTION_ERROR};
 use crate::wire::{self, FLAG_MORE_TO_COME};
 
 /// An injected failure: the next `remaining` commands named `command` fail with `error`.
@@ -33,6 +33,9 @@ pub(crate) struct Faults {
     pub(crate) delays: HashMap<String, Duration>,
     pub(crate) stepped_down: bool,
     pub(crate) counts: HashMap<String, u64>,
+    /// The next `remaining` successful `commitTransaction`s reply with this error after
+    /// committing.
+    pub(crate) commit_after: Option<FailRule>,
 }
 
 /// State shared by the handle and every connection task.
@@ -189,16 +192,25 @@ pub(crate) async fn execute(shared: &Shared, conn_id: i64, body: Document) -> Re
     if let Some(d) = delay {
         tokio::time::sleep(d).await;
     }
+    let in_txn = body.contains_key("autocommit");
+    let ends_txn = matches!(name.as_str(), "commitTransaction" | "abortTransaction");
     let result = if let Some(err) = injected {
         debug!(command = %name, code = err.code, "injected failure");
+        if in_txn {
+            commands::abort_after_injected(&mut shared.state(), &body, &err);
+        }
         Err(err)
     } else if stepped_down && !ALWAYS_ALLOWED.contains(&name.as_str()) {
         let mut err = CommandError::not_writable_primary();
         if name == "getMore" && commands::is_change_cursor(&shared.state(), &body) {
             err = err.with_label("ResumableChangeStreamError");
         }
-        if WRITES.contains(&name.as_str()) && body.contains_key("txnNumber") {
+        if (WRITES.contains(&name.as_str()) && body.contains_key("txnNumber") && !in_txn)
+            || ends_txn
+        {
             err = err.with_label("RetryableWriteError");
+        } else if in_txn {
+            err = err.with_label(TRANSIENT_TRANSACTION_ERROR);
         }
         Err(err)
     } else {
@@ -206,13 +218,41 @@ pub(crate) async fn execute(shared: &Shared, conn_id: i64, body: Document) -> Re
             "hello" | "isMaster" | "ismaster" => {
                 Ok(Reply::Doc(hello(shared, conn_id, stepped_down)))
             }
-            "getMore" => get_more(shared, &body).await,
+            "getMore" if !in_txn => get_more(shared, &body).await,
             _ => commands::run_sync(&mut shared.state(), &name, &db, &body),
         }
+    };
+    let result = if name == "commitTransaction" {
+        fail_after_commit(shared, result)
+    } else {
+        result
     };
     let reply = result.unwrap_or_else(|e| Reply::Doc(e.to_document()));
     let ts = shared.state().data.head_ts;
     commands::finish(reply, ts)
+}
+
+/// Replaces the reply to a successful `commitTransaction` by the error of a pending
+/// [`crate::Emulator::fail_commit_after_applying`] rule (the commit stays applied).
+fn fail_after_commit(
+    shared: &Shared,
+    result: Result<Reply, CommandError>,
+) -> Result<Reply, CommandError> {
+    let succeeded = matches!(&result, Ok(Reply::Doc(d)) if d.get_f64("ok").is_ok_and(|v| v == 1.0));
+    if !succeeded {
+        return result;
+    }
+    let mut f = shared.faults();
+    let Some(rule) = f.commit_after.as_mut() else {
+        return result;
+    };
+    rule.remaining = rule.remaining.saturating_sub(1);
+    let err = rule.error.clone();
+    if rule.remaining == 0 {
+        f.commit_after = None;
+    }
+    debug!(code = err.code, "commit applied, injected failure replied");
+    Err(err)
 }
 
 fn hello(shared: &Shared, conn_id: i64, stepped_down: bool) -> Document {

@@ -8,6 +8,7 @@ use flowwarden::matcher::{get_path, update::UpdateChanges};
 use tokio::sync::watch;
 
 use crate::error::CommandError;
+use crate::txn::{PendingOp, TxnTag, Versions};
 
 /// A canonical key for `_id` and unique-index values (numbers of equal value share a key).
 pub(crate) fn value_key(v: &Bson) -> Vec<u8> {
@@ -101,7 +102,7 @@ impl Index {
 }
 
 /// One collection.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Collection {
     /// Record id → document; record ids grow, so iteration is natural (insertion) order.
     pub(crate) docs: BTreeMap<u64, Arc<Document>>,
@@ -214,6 +215,8 @@ pub(crate) struct Entry {
     /// Whether the collection had pre- and post-images enabled at the time of the write.
     pub(crate) images: bool,
     pub(crate) kind: OpKind,
+    /// The session and transaction number, for a write a transaction committed.
+    pub(crate) txn: Option<Arc<TxnTag>>,
 }
 
 /// The kind byte at the end of a resume token.
@@ -331,6 +334,10 @@ pub(crate) struct Data {
     /// tests through `Emulator::advance_clock`.
     pub(crate) clock_offset_ms: i64,
     pub(crate) head_tx: watch::Sender<u64>,
+    /// While a command runs inside a transaction: its writes, held back from the oplog.
+    pub(crate) capture: Option<Vec<PendingOp>>,
+    /// Document versions, kept while some transaction is open.
+    pub(crate) versions: Option<Versions>,
 }
 
 impl Data {
@@ -351,6 +358,8 @@ impl Data {
             },
             clock_offset_ms: 0,
             head_tx,
+            capture: None,
+            versions: None,
         };
         d.log(String::new(), String::new(), false, OpKind::Noop);
         d.publish();
@@ -393,7 +402,8 @@ impl Data {
         }
     }
 
-    /// Appends an entry (waiters are woken by [`Data::publish`]).
+    /// Appends an entry (waiters are woken by [`Data::publish`]); inside a transaction, holds
+    /// the write back in [`Data::capture`] instead.
     pub(crate) fn log(
         &mut self,
         db: String,
@@ -401,22 +411,50 @@ impl Data {
         images: bool,
         kind: OpKind,
     ) -> Timestamp {
-        let ts = self.next_ts();
-        self.head_pos += 1;
-        self.head_ts = ts;
-        self.oplog.push_back(Entry {
-            pos: self.head_pos,
-            ts,
-            wall: self.now(),
+        let op = PendingOp {
             db,
             coll,
             images,
             kind,
+        };
+        if let Some(held) = self.capture.as_mut() {
+            held.push(op);
+            return self.head_ts;
+        }
+        let ts = self.next_ts();
+        self.append(ts, op, None);
+        ts
+    }
+
+    /// Appends the writes of a committed transaction: consecutive entries sharing one cluster
+    /// time (the commit's), each tagged with the session.
+    pub(crate) fn log_batch(&mut self, ops: Vec<PendingOp>, tag: &Arc<TxnTag>) -> Timestamp {
+        let ts = self.next_ts();
+        for op in ops {
+            self.append(ts, op, Some(tag.clone()));
+        }
+        ts
+    }
+
+    fn append(&mut self, ts: Timestamp, op: PendingOp, txn: Option<Arc<TxnTag>>) {
+        self.head_pos += 1;
+        self.head_ts = ts;
+        if let Some(v) = self.versions.as_mut() {
+            v.record(&op, self.head_pos);
+        }
+        self.oplog.push_back(Entry {
+            pos: self.head_pos,
+            ts,
+            wall: self.now(),
+            db: op.db,
+            coll: op.coll,
+            images: op.images,
+            kind: op.kind,
+            txn,
         });
         while self.oplog.len() > self.capacity {
             self.drop_oldest();
         }
-        ts
     }
 
     /// Wakes change-stream `getMore`s waiting for new entries.

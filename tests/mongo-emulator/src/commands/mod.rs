@@ -12,7 +12,9 @@
 //! - `oplog`: reads of `local.oplog.rs`;
 //! - `aggregate`: `aggregate`, including opening a change stream;
 //! - `cursors`: open cursors, their batches, `getMore` and `killCursors`;
-//! - `status`: `replSetGetStatus`, `serverStatus`.
+//! - `status`: `replSetGetStatus`, `serverStatus`;
+//! - `transactions`: sessions' transactions, CRUD inside them, `commitTransaction`,
+//!   `abortTransaction`.
 //!
 //! `hello` is answered by the server (`server.rs`), which also waits between the steps of a
 //! change stream's `getMore`.
@@ -24,6 +26,7 @@ mod indexes;
 mod oplog;
 mod queries;
 mod status;
+mod transactions;
 mod writes;
 
 use std::collections::HashMap;
@@ -45,6 +48,8 @@ use status::{repl_status, server_status};
 use writes::{delete, find_and_modify, insert, update};
 
 pub(crate) use cursors::{get_more_step, is_change_cursor};
+pub(crate) use transactions::{abort_after_injected, expire as expire_transactions};
+pub(crate) use transactions::{sync_versions, Transactions};
 pub(crate) use writes::insert_direct;
 
 /// A reply body before `operationTime`/`$clusterTime` are added.
@@ -73,10 +78,12 @@ pub(crate) struct State {
     /// One-shot: the next change stream opened without a start option starts right after this
     /// oplog position, as if the later writes committed while the server was opening it.
     pub(crate) open_at_now_after: Option<u64>,
+    /// Every session's transaction, and the counters.
+    pub(crate) txn: Transactions,
 }
 
 impl State {
-    pub(crate) fn new(capacity: usize, me: String) -> State {
+    pub(crate) fn new(capacity: usize, me: String, txn_lifetime: std::time::Duration) -> State {
         State {
             me,
             data: Data::new(capacity),
@@ -86,6 +93,7 @@ impl State {
             deny_oplog_reads: false,
             deny_server_status: false,
             open_at_now_after: None,
+            txn: Transactions::new(txn_lifetime),
         }
     }
 
@@ -192,21 +200,32 @@ fn parse_filter(body: &Document, key: &str) -> Result<Filter, CommandError> {
 
 fn txn_key(body: &Document) -> Option<(Vec<u8>, i64)> {
     let lsid = body.get_document("lsid").ok()?;
-    let id = match lsid.get("id")? {
-        Bson::Binary(b) => b.bytes.clone(),
-        other => crate::state::value_key(other),
-    };
+    let id = transactions::session_key(lsid.get("id")?);
     let txn = as_i64(body.get("txnNumber"))?;
     Some((id, txn))
 }
 
 /// Runs a command that completes under the lock (everything except `getMore` and `hello`).
 pub(crate) fn run_sync(st: &mut State, name: &str, db: &str, body: &Document) -> CmdResult {
+    transactions::expire(st);
+    if let Some(args) = transactions::txn_args(body)? {
+        let result = transactions::run(st, name, db, body, &args);
+        st.data.publish();
+        return result;
+    }
+    if matches!(name, "commitTransaction" | "abortTransaction") {
+        return Err(CommandError::new(
+            72,
+            "InvalidOptions",
+            format!("{name} must be run within a transaction (autocommit: false)"),
+        ));
+    }
     let retry = match name {
         "insert" | "update" | "delete" | "findAndModify" | "findandmodify" => txn_key(body),
         _ => None,
     };
     if let Some((key, txn)) = &retry {
+        transactions::before_retryable_write(st, key, *txn)?;
         if let Some((seen, reply)) = st.txns.get(key) {
             if seen == txn {
                 return ok(reply.clone());
@@ -233,7 +252,12 @@ fn dispatch(st: &mut State, name: &str, db: &str, body: &Document) -> CmdResult 
             "emulator": "flowwarden mongo-emulator: test infrastructure, not MongoDB",
             "ok": 1.0,
         }),
-        "endSessions" | "killAllSessions" => ok(doc! {"ok": 1.0}),
+        "endSessions" => transactions::end_sessions(st, body),
+        "killAllSessions" => {
+            st.txn.abort_all("all sessions were killed");
+            sync_versions(st);
+            ok(doc! {"ok": 1.0})
+        }
         "listDatabases" => list_databases(st, body),
         "listCollections" => list_collections(st, db, body),
         "create" => create(st, db, body),
