@@ -51,6 +51,12 @@ pub(crate) struct EngineOptions {
     /// Test-only: the unkeyed-concurrency switch (see `Builder::unkeyed_concurrency`).
     #[cfg(feature = "test-util")]
     pub(crate) unkeyed_concurrency: bool,
+    /// Test-only: the snapshot-start sabotage (see `Builder::snapshot_start_after_scan`).
+    #[cfg(feature = "test-util")]
+    pub(crate) snapshot_start_after_scan: bool,
+    /// Test-only: the rescan sabotage (see `Builder::snapshot_rescan_from_zero`).
+    #[cfg(feature = "test-util")]
+    pub(crate) snapshot_rescan_from_zero: bool,
     /// Timing of the checkpoint guard of `AllInstances` streams without a configured identity.
     pub(crate) checkpoint_guard: LeaseConfig,
     /// How lag against the source's history is sampled and judged.

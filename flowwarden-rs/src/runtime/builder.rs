@@ -63,6 +63,10 @@ impl Builder {
                 checkpoint_highest_completed: false,
                 #[cfg(feature = "test-util")]
                 unkeyed_concurrency: false,
+                #[cfg(feature = "test-util")]
+                snapshot_start_after_scan: false,
+                #[cfg(feature = "test-util")]
+                snapshot_rescan_from_zero: false,
                 checkpoint_guard: LeaseConfig::DEFAULT,
                 lag: LagConfig::default(),
             },
@@ -196,6 +200,26 @@ impl Builder {
     #[cfg(feature = "test-util")]
     pub fn unkeyed_concurrency(mut self, on: bool) -> Self {
         self.options.unkeyed_concurrency = on;
+        self
+    }
+
+    /// Test-only (feature `test-util`): breaks the initial snapshot's rule on purpose, so a
+    /// test can prove its checker catches it. A `start_position = Snapshot` stream takes its
+    /// start position again *after* the scan and streams from there: the changes made while
+    /// the scan ran are silently lost.
+    #[cfg(feature = "test-util")]
+    pub fn snapshot_start_after_scan(mut self, on: bool) -> Self {
+        self.options.snapshot_start_after_scan = on;
+        self
+    }
+
+    /// Test-only (feature `test-util`): a stream that finds an unfinished initial snapshot
+    /// scans the collection again from its first document instead of after the stored last
+    /// `_id` (nothing is lost, but everything already read is read again), so a test can prove
+    /// its checker catches it.
+    #[cfg(feature = "test-util")]
+    pub fn snapshot_rescan_from_zero(mut self, on: bool) -> Self {
+        self.options.snapshot_rescan_from_zero = on;
         self
     }
 

@@ -54,6 +54,16 @@ impl<H: StreamHandler> Worker<H> {
                 ..
             }) => {
                 info!(stream = name, scanned = progress.scanned, start = %progress.start.token, "continuing the unfinished initial snapshot after the last settled document");
+                #[cfg(feature = "test-util")]
+                let progress = if self.env.options.snapshot_rescan_from_zero {
+                    SnapshotProgress {
+                        last_id: None,
+                        scanned: 0,
+                        ..progress
+                    }
+                } else {
+                    progress
+                };
                 progress
             }
             Some(c) if c.last_processed.is_some() || c.last_seen.is_some() => return Ok(Some(c)),
@@ -61,6 +71,16 @@ impl<H: StreamHandler> Worker<H> {
         };
         self.env.status.set_state(StreamState::Running);
         let progress = self.scan(progress).await?;
+        #[cfg(feature = "test-util")]
+        let progress = if self.env.options.snapshot_start_after_scan {
+            // The sabotage: the start position taken again after the scan.
+            SnapshotProgress {
+                start: self.record_snapshot_start().await?.start,
+                ..progress
+            }
+        } else {
+            progress
+        };
         self.confirm_snapshot_start(&progress).await?;
         let checkpoint = Checkpoint {
             stream: self.env.checkpoint_key.clone(),
