@@ -29,6 +29,20 @@
 //! 10. liveness: a free lease is taken by a standby within `standby_poll_secs`; after the
 //!     drain exactly one instance leads and the others stand by.
 //!
+//! About 20% of the seeds start the stream with an initial snapshot (`start_position =
+//! Snapshot`), with documents present before the start, writes and faults while the scan
+//! runs. They also check:
+//!
+//! 12. no silent loss for snapshot starts: the projection the handler keeps (from its
+//!     successful snapshot reads and changes) equals the collection at the end, except for
+//!     keys the pipeline, the filter or a dead letter account for, unless the stream halted
+//!     loudly;
+//! 13. a resumed scan continues after the stored last `_id` (never from the beginning), the
+//!     stored start never changes, and no cursor opens at "now" (or anywhere but the recorded
+//!     start) while a snapshot is unfinished;
+//! 14. history lost during the scan halts `HistoryLost` (and only then); a snapshot is
+//!     declared complete only after the recorded start was confirmed retained.
+//!
 //! See `docs/testing/simulation.md`.
 
 mod rng;
@@ -42,8 +56,8 @@ use std::fmt;
 pub use rng::{mix, SplitMix64};
 pub use run::{run_schedule, run_seed, shrink};
 pub use schedule::{
-    Behaviour, FilterKind, LeaderSettings, PipelineKind, Schedule, Settings, Step,
-    MULTI_INSTANCE_PCT, SHARED_CHECKPOINT_PCT,
+    Behaviour, FilterKind, LeaderSettings, PipelineKind, Schedule, Settings, SnapshotSettings,
+    Step, MULTI_INSTANCE_PCT, SHARED_CHECKPOINT_PCT, SNAPSHOT_PCT,
 };
 pub use world::Item;
 
@@ -65,6 +79,13 @@ pub struct SimOptions {
     /// Runs the runtime with the test-only switch that runs concurrent events without regard
     /// to their keys or barriers. With `concurrency > 1` the simulation must find violations.
     pub unkeyed_concurrency: bool,
+    /// Runs the runtime with the test-only switch that takes an initial snapshot's start
+    /// position again after the scan (the changes made during the scan are lost). On snapshot
+    /// seeds the simulation must then find violations.
+    pub snapshot_start_after_scan: bool,
+    /// Runs the runtime with the test-only switch that restarts an unfinished snapshot's scan
+    /// from the first document instead of after the stored last `_id`.
+    pub snapshot_rescan_from_zero: bool,
     /// Breaks the harness's store wrappers on purpose, to prove the checkers of invariants
     /// 6–10 (the runtime is untouched).
     pub sabotage: Option<Sabotage>,
@@ -165,6 +186,14 @@ pub enum Invariant {
     /// 11: within a runtime, events of one key are processed one at a time, and a barrier
     /// (no document key) alone.
     KeyedScheduling,
+    /// 12: a snapshot start loses nothing: the handler's projection equals the collection
+    /// (unless the stream halted loudly).
+    SnapshotNoSilentLoss,
+    /// 13: a resumed scan goes on after the stored last `_id`; the stream never starts
+    /// anywhere but at the recorded start.
+    SnapshotResume,
+    /// 14: history lost during the scan halts `HistoryLost`, and only lost history does.
+    SnapshotHistoryLost,
 }
 
 impl Invariant {
@@ -182,6 +211,9 @@ impl Invariant {
             Invariant::OneConsumer => 9,
             Invariant::Liveness => 10,
             Invariant::KeyedScheduling => 11,
+            Invariant::SnapshotNoSilentLoss => 12,
+            Invariant::SnapshotResume => 13,
+            Invariant::SnapshotHistoryLost => 14,
         }
     }
 }
@@ -201,6 +233,15 @@ impl fmt::Display for Invariant {
             Invariant::Liveness => "liveness: takeover and one leader after the drain",
             Invariant::KeyedScheduling => {
                 "keyed scheduling: one event per key at a time, barriers alone"
+            }
+            Invariant::SnapshotNoSilentLoss => {
+                "snapshot start: no silent loss, the projection equals the collection"
+            }
+            Invariant::SnapshotResume => {
+                "snapshot start: the scan resumes after the stored _id, the stream at the recorded start"
+            }
+            Invariant::SnapshotHistoryLost => {
+                "snapshot start: history lost during the scan halts HistoryLost"
             }
         };
         write!(f, "invariant {} ({name})", self.number())
@@ -298,6 +339,20 @@ pub struct Stats {
     pub shared_checkpoint_seeds: u64,
     /// Runtimes that halted `SharedCheckpoint` (found the checkpoint held by a live sibling).
     pub shared_checkpoint_halts: u64,
+    /// Schedules that start with an initial snapshot.
+    pub snapshot_seeds: u64,
+    /// Scan batches read (initial snapshots).
+    pub scan_batches: u64,
+    /// Successful snapshot reads (documents handed to the handler by a scan).
+    pub snapshot_reads: u64,
+    /// Scans that went on after a stored last `_id` (after a crash, stop or halt mid-scan).
+    pub resumed_scans: u64,
+    /// Changes committed while a snapshot was unfinished.
+    pub changes_during_scan: u64,
+    /// Snapshots declared complete.
+    pub snapshots_completed: u64,
+    /// Runtimes that halted `HistoryLost` during an initial snapshot.
+    pub snapshot_history_lost: u64,
 }
 
 impl Stats {
@@ -338,6 +393,13 @@ impl Stats {
         self.recreated_read += other.recreated_read;
         self.shared_checkpoint_seeds += other.shared_checkpoint_seeds;
         self.shared_checkpoint_halts += other.shared_checkpoint_halts;
+        self.snapshot_seeds += other.snapshot_seeds;
+        self.scan_batches += other.scan_batches;
+        self.snapshot_reads += other.snapshot_reads;
+        self.resumed_scans += other.resumed_scans;
+        self.changes_during_scan += other.changes_during_scan;
+        self.snapshots_completed += other.snapshots_completed;
+        self.snapshot_history_lost += other.snapshot_history_lost;
         for (k, v) in &other.violations_by_invariant {
             *self.violations_by_invariant.entry(*k).or_default() += v;
         }
@@ -385,6 +447,19 @@ impl fmt::Display for Stats {
             "shared checkpoint:    {} seeds, {} SharedCheckpoint halts",
             self.shared_checkpoint_seeds, self.shared_checkpoint_halts
         )?;
+        if self.snapshot_seeds > 0 {
+            writeln!(
+                f,
+                "snapshot starts:      {} seeds, {} scan batches, {} reads handled, {} changes during a scan, {} resumed scans, {} completed, {} HistoryLost halts during a scan",
+                self.snapshot_seeds,
+                self.scan_batches,
+                self.snapshot_reads,
+                self.changes_during_scan,
+                self.resumed_scans,
+                self.snapshots_completed,
+                self.snapshot_history_lost
+            )?;
+        }
         if self.multi_instance_seeds > 0 {
             writeln!(
                 f,

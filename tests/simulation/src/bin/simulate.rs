@@ -1,5 +1,5 @@
 //! Long simulation runs: `simulate --seeds N --from SEED [--bug] [--sabotage NAME]
-//! [--threads T] [--multi-only]`; `simulate --replay SEED [--bug] [--sabotage NAME]` prints one
+//! [--threads T] [--multi-only] [--snapshot-only]`; `simulate --replay SEED [--bug] [--sabotage NAME]` prints one
 //! seed's full trace; `simulate --shrink SEED [..]` prints its shrunk schedule and full trace.
 
 use std::process::ExitCode;
@@ -14,9 +14,9 @@ enum ArgError {
     Missing(String),
     #[error("{flag}: '{value}' is not a number")]
     NotANumber { flag: String, value: String },
-    #[error("unknown argument '{0}' (use --seeds N --from SEED [--threads T] [--bug] [--bug-highest-completed] [--bug-unkeyed] [--sabotage NAME] [--multi-only] | --replay SEED [..] | --shrink SEED [..])")]
+    #[error("unknown argument '{0}' (use --seeds N --from SEED [--threads T] [--bug] [--bug-highest-completed] [--bug-unkeyed] [--bug-snapshot-start-after-scan] [--bug-snapshot-rescan-from-zero] [--sabotage NAME] [--multi-only] [--snapshot-only] | --replay SEED [..] | --shrink SEED [..])")]
     Unknown(String),
-    #[error("unknown sabotage '{0}' (one of: unfenced-writes, forged-epoch, lying-renewals, no-takeover)")]
+    #[error("unknown sabotage '{0}' (one of: unfenced-writes, forged-epoch, lying-renewals, no-takeover, oldest-becomes-now, oldest-unknown-as-transient, forget-invalidate, guard-for-everyone)")]
     Sabotage(String),
 }
 
@@ -27,6 +27,7 @@ struct Args {
     replay: Option<u64>,
     shrink: Option<u64>,
     multi_only: bool,
+    snapshot_only: bool,
     opts: SimOptions,
 }
 
@@ -38,6 +39,7 @@ fn parse() -> Result<Args, ArgError> {
         replay: None,
         shrink: None,
         multi_only: false,
+        snapshot_only: false,
         opts: SimOptions::default(),
     };
     let mut it = std::env::args().skip(1);
@@ -58,7 +60,10 @@ fn parse() -> Result<Args, ArgError> {
             "--bug" => a.opts.checkpoint_on_receipt = true,
             "--bug-highest-completed" => a.opts.checkpoint_highest_completed = true,
             "--bug-unkeyed" => a.opts.unkeyed_concurrency = true,
+            "--bug-snapshot-start-after-scan" => a.opts.snapshot_start_after_scan = true,
+            "--bug-snapshot-rescan-from-zero" => a.opts.snapshot_rescan_from_zero = true,
             "--multi-only" => a.multi_only = true,
+            "--snapshot-only" => a.snapshot_only = true,
             "--sabotage" => {
                 let v = it
                     .next()
@@ -124,6 +129,7 @@ fn main() -> ExitCode {
     let started = Instant::now();
     let started = &started;
     let multi_only = args.multi_only;
+    let snapshot_only = args.snapshot_only;
     let opts = args.opts;
     let threads = args.threads;
     let results: Vec<(Stats, Vec<u64>)> = std::thread::scope(|s| {
@@ -134,7 +140,12 @@ fn main() -> ExitCode {
                     let mut failing = Vec::new();
                     let mut seed = args.from + t;
                     while seed < args.from + args.seeds {
-                        if multi_only && !Schedule::generate(seed).is_multi_instance() {
+                        let skip = (multi_only || snapshot_only) && {
+                            let s = Schedule::generate(seed);
+                            (multi_only && !s.is_multi_instance())
+                                || (snapshot_only && s.settings.snapshot.is_none())
+                        };
+                        if skip {
                             seed += threads;
                             continue;
                         }

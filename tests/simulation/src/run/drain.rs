@@ -9,7 +9,8 @@ impl Sim<'_> {
         let head = self.memory.oplog_head();
         let w = self.world.lock();
         let done = w.checked_changes(head).all(|c| w.accounted(c));
-        done
+        // A snapshot start has also finished its scan.
+        done && (!w.snap.on || w.snap.completed)
     }
 
     /// Multi-instance: exactly one runtime is `Running` holding the live lease; every other

@@ -83,6 +83,11 @@ impl Sim<'_> {
         let head = self.memory.oplog_head();
         let first = self.memory.oplog_first_retained();
         let stored = self.memory.checkpoint_document(STREAM);
+        let documents = self
+            .memory
+            .collection(COLLECTION)
+            .find(doc! {})
+            .unwrap_or_default();
         let mut w = self.world.lock();
         let state = final_status.as_ref().map(|s| s.state);
         let halt = final_status.as_ref().and_then(|s| s.halt.clone());
@@ -123,6 +128,14 @@ impl Sim<'_> {
                 );
             }
         }
+
+        // Invariants 12 and 14: the projection equals the collection; a start lost during
+        // the scan ends HistoryLost.
+        let loud = matches!(
+            halt.as_ref().map(|h| h.reason),
+            Some(HaltReason::HistoryLost | HaltReason::Invalidated)
+        );
+        w.check_snapshot_end(documents, state, halt.as_ref(), loud, first);
 
         if let Some(after) = self.recreated_after {
             if w.checked_changes(head)

@@ -17,8 +17,8 @@ use bson::{doc, Bson};
 use flowwarden::port::LeaseStore;
 use flowwarden::{
     AnyStream, Backend, ConcurrencyConfig, Deployment, HaltReason, LeaseConfig, MemoryBackend,
-    OnHistoryLost, RestartConfig, RetryConfig, Runtime, StreamDefinition, StreamState,
-    StreamStatus,
+    OnHistoryLost, RestartConfig, RetryConfig, Runtime, StartPosition, StreamDefinition,
+    StreamState, StreamStatus,
 };
 
 use crate::rng::mix;
@@ -123,6 +123,9 @@ fn definition(s: &Settings) -> &'static StreamDefinition {
     d.checkpoint.save_interval_secs = s.save_interval_secs;
     d.checkpoint.resume_strategy = s.resume_strategy;
     d.checkpoint.on_history_lost = s.on_history_lost;
+    if s.snapshot.is_some() {
+        d.checkpoint.start_position = StartPosition::Snapshot;
+    }
     d.retry = RetryConfig {
         max_attempts: s.retry_attempts,
         initial_delay_ms: s.retry_delay_ms,
@@ -184,10 +187,28 @@ struct Sim<'a> {
 async fn simulate(schedule: &Schedule, opts: SimOptions) -> Result<SeedOutcome, SimError> {
     let memory = MemoryBackend::new();
     let coll = memory.collection(COLLECTION);
-    for k in &schedule.initial_keys {
-        let _ = coll.insert_one(doc! {"_id": *k, "n": 0i64, "status": "NEW"});
-    }
+    let snapshot = schedule.settings.snapshot.as_ref();
     let world = World::new(schedule.seed, schedule.settings.clone());
+    for k in &schedule.initial_keys {
+        // Every written document carries the sequence of its write (`v`), which the snapshot
+        // checks use as its version.
+        let v = memory.oplog_head() as i64 + 1;
+        let unusual = snapshot.and_then(|s| s.unusual.iter().find(|u| u.0 == *k));
+        let (n, status) = match unusual {
+            Some((_, status, true)) => (Bson::String("bad-0".into()), *status),
+            Some((_, status, false)) => (Bson::Int64(0), *status),
+            None => (Bson::Int64(0), "NEW"),
+        };
+        if status == "hidden" {
+            world.lock().snap.hidden.insert(*k);
+        }
+        let _ = coll.insert_one(doc! {"_id": *k, "n": n, "status": status, "v": v});
+    }
+    if let Some(s) = snapshot {
+        // The documents were there long before the stream started (or, with no document,
+        // the backend stayed empty for a while).
+        tokio::time::sleep(Duration::from_millis(s.start_delay_ms)).await;
+    }
     let leader = schedule.settings.leader;
     let shared = schedule.settings.shared_checkpoint;
     let instances = match (leader, shared) {
@@ -229,6 +250,7 @@ async fn simulate(schedule: &Schedule, opts: SimOptions) -> Result<SeedOutcome, 
         w.stats.multi_instance_seeds = u64::from(leader.is_some());
         w.stats.concurrent_seeds = u64::from(schedule.settings.concurrency > 1);
         w.stats.shared_checkpoint_seeds = u64::from(shared);
+        w.stats.snapshot_seeds = u64::from(snapshot.is_some());
         w.log(format!(
             "seed {} settings {:?}",
             schedule.seed, schedule.settings
@@ -337,6 +359,8 @@ impl Sim<'_> {
             .checkpoint_on_receipt(self.opts.checkpoint_on_receipt)
             .checkpoint_highest_completed(self.opts.checkpoint_highest_completed)
             .unkeyed_concurrency(self.opts.unkeyed_concurrency)
+            .snapshot_start_after_scan(self.opts.snapshot_start_after_scan)
+            .snapshot_rescan_from_zero(self.opts.snapshot_rescan_from_zero)
             // Lag sampling observes, it decides nothing; off, so that schedules (and the seeds
             // of known regressions) replay exactly as recorded.
             .lag_sampling(flowwarden::LagConfig {
@@ -383,6 +407,8 @@ impl Sim<'_> {
             c.received, c.handled, c.filtered, c.unrouted, c.retried, c.dead_lettered, c.redelivered, c.restarts, c.history_lost, c.checkpoints_saved, c.checkpoint_failures
         ));
         w.history_lost_finished += c.history_lost;
+        let first = self.memory.oplog_first_retained();
+        w.on_snapshot_runtime_end(inc, st.halt.as_ref(), first);
         w.stats.redeliveries += c.redelivered;
         if st
             .halt

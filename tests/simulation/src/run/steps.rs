@@ -7,6 +7,8 @@ impl Sim<'_> {
     pub(super) fn write(&self, step: &Step) {
         let coll = self.memory.collection(COLLECTION);
         let before = self.memory.oplog_head();
+        // The sequence this write gets: every written document carries it as `v`.
+        let v = before as i64 + 1;
         let value = |n: i64, bad: bool| {
             if bad {
                 Bson::String(format!("bad-{n}"))
@@ -21,12 +23,13 @@ impl Sim<'_> {
                 status,
                 bad,
             } => {
-                let _ =
-                    coll.insert_one(doc! {"_id": *key, "n": value(*n, *bad), "status": *status});
+                let _ = coll.insert_one(
+                    doc! {"_id": *key, "n": value(*n, *bad), "status": *status, "v": v},
+                );
                 (Some(*key), Op::Insert, Some(*status))
             }
             Step::Update { key, n } => {
-                let _ = coll.update_one(doc! {"_id": *key}, doc! {"$set": {"n": *n}});
+                let _ = coll.update_one(doc! {"_id": *key}, doc! {"$set": {"n": *n, "v": v}});
                 (Some(*key), Op::Update, None)
             }
             Step::Replace {
@@ -37,7 +40,7 @@ impl Sim<'_> {
             } => {
                 let _ = coll.replace_one(
                     doc! {"_id": *key},
-                    doc! {"n": value(*n, *bad), "status": *status},
+                    doc! {"n": value(*n, *bad), "status": *status, "v": v},
                 );
                 (Some(*key), Op::Replace, Some(*status))
             }
@@ -112,6 +115,15 @@ impl Sim<'_> {
                 *n,
                 flowwarden::port::SourceErrorKind::Resumable,
                 "injected open failure",
+            ),
+            Step::ScanFailures { n, fatal } => f.fail_next_scans(
+                *n,
+                if *fatal {
+                    flowwarden::port::SourceErrorKind::Fatal
+                } else {
+                    flowwarden::port::SourceErrorKind::Resumable
+                },
+                "injected scan failure",
             ),
             Step::Crash | Step::Restart | Step::GracefulRestart if self.shared() => {
                 self.shared_step(step).await?;

@@ -6,9 +6,12 @@ use flowwarden::{OnHistoryLost, ResumeStrategy};
 
 use super::{
     Behaviour, FilterKind, LeaderSettings, PipelineKind, Schedule, Settings, Step,
-    MULTI_INSTANCE_PCT, SHARED_CHECKPOINT_PCT, STATUSES,
+    MULTI_INSTANCE_PCT, SHARED_CHECKPOINT_PCT, SNAPSHOT_PCT, STATUSES,
 };
 use crate::rng::{mix, SplitMix64};
+
+/// The salt of the snapshot generator (`mix(seed ^ SNAPSHOT_SALT)`).
+const SNAPSHOT_SALT: u64 = 0x736E_6170_7368_6F74;
 
 /// One write over `keys` keys: an insert of an absent key, else an update, a replace or a
 /// delete (the order of draws is part of every seed's schedule: do not change it).
@@ -99,6 +102,7 @@ impl Schedule {
             oldest_unknown: false,
             shared_checkpoint: false,
             concurrency: 1,
+            snapshot: None,
         };
         // From its own generator, so every other draw of the seed stays what it was.
         let mut conc = SplitMix64::new(mix(seed ^ 0x636F_6E63_7572_2121));
@@ -108,15 +112,44 @@ impl Schedule {
         settings.oldest_unknown =
             settings.on_history_lost == OnHistoryLost::ResumeFromOplogStart && oldest.chance(40);
 
-        let mut present: Vec<bool> = (0..keys).map(|_| r.chance(60)).collect();
+        // An initial snapshot or not, from its own generator too: every other seed keeps its
+        // schedule. A snapshot seed has more documents over more keys, drawn from that
+        // generator (`schedule/snapshot.rs`).
+        let mut snap = SplitMix64::new(mix(seed ^ SNAPSHOT_SALT));
+        let snapshot = snap.chance(SNAPSHOT_PCT);
+        let present: Vec<bool> = if snapshot {
+            super::snapshot::draw(&mut snap, &mut settings)
+        } else {
+            (0..keys).map(|_| r.chance(60)).collect()
+        };
+        let keys = settings.keys;
         let initial_keys = (0..keys).filter(|k| present[*k as usize]).collect();
 
         // Multi-instance or not is drawn from a side generator, so the single-instance
         // schedules are exactly the ones of the seeds before multi-instance runs existed.
-        let mut side = SplitMix64::new(mix(seed ^ 0x6C65_6164_6572_7321));
+        let side = SplitMix64::new(mix(seed ^ 0x6C65_6164_6572_7321));
+        let mut schedule =
+            Self::generate_deployment(seed, r, side, settings, present, initial_keys);
+        if snapshot {
+            super::snapshot::add_faults(&mut snap, &mut schedule);
+        }
+        schedule
+    }
+
+    /// The steps, single-instance (one runtime, or two sharing a checkpoint) or
+    /// multi-instance.
+    fn generate_deployment(
+        seed: u64,
+        mut r: SplitMix64,
+        mut side: SplitMix64,
+        mut settings: Settings,
+        mut present: Vec<bool>,
+        initial_keys: Vec<i32>,
+    ) -> Schedule {
         if side.chance(MULTI_INSTANCE_PCT) {
             return Self::generate_multi(seed, r, side, settings, present, initial_keys);
         }
+        let keys = settings.keys;
         // Also from its own generator: the steps stay those of the single-instance schedule.
         let mut shared = SplitMix64::new(mix(seed ^ 0x7368_6172_6564_2163));
         settings.shared_checkpoint = shared.chance(SHARED_CHECKPOINT_PCT);

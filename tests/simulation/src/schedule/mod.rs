@@ -4,9 +4,11 @@
 //! (steps removed) and run again; running the same schedule always gives the same trace.
 //!
 //! By concept: this module holds the settings and the schedule; `step` the steps (writes,
-//! time, faults); `generate` how a seed becomes a schedule.
+//! time, faults); `generate` how a seed becomes a schedule; `snapshot` what a seed that
+//! starts with an initial snapshot draws on top.
 
 mod generate;
+mod snapshot;
 mod step;
 
 pub use step::Step;
@@ -122,6 +124,28 @@ pub struct Settings {
     pub leader: Option<LeaderSettings>,
     /// `#[change_stream(concurrency)]`: 1 (serial) or more, with the default bound.
     pub concurrency: u32,
+    /// `Some`: the stream starts with `start_position = Snapshot` (an initial snapshot of the
+    /// documents present before the start); `None`: `start_position = Resume`.
+    pub snapshot: Option<SnapshotSettings>,
+}
+
+/// An initial snapshot (`start_position = Snapshot`): the scan must take virtual time, so
+/// that writes and faults land while it runs. The scan's batch size is the runtime's
+/// `batch_size` (small in these schedules), its progress is saved every `save_every_n`
+/// documents.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotSettings {
+    /// How long each scan batch takes (a `find`'s round trip), in ms.
+    pub scan_latency_ms: u64,
+    /// The least latency of one snapshot read in the handler, in ms (on top of the
+    /// behaviour's).
+    pub read_latency_ms: u64,
+    /// Virtual time between the backend's creation (and the documents' insertion) and the
+    /// first runtime's start, in ms.
+    pub start_delay_ms: u64,
+    /// Documents present before the start other than `{n: 0, status: "NEW"}`: key, status,
+    /// and whether `n` is a string (the document cannot be decoded).
+    pub unusual: Vec<(i32, &'static str, bool)>,
 }
 
 /// One simulated run: settings, the documents present before the stream starts, and steps.
@@ -145,6 +169,10 @@ pub const SHARED_CHECKPOINT_PCT: u64 = 25;
 
 /// Percent of seeds that generate a multi-instance schedule.
 pub const MULTI_INSTANCE_PCT: u64 = 30;
+
+/// Percent of seeds that start the stream with an initial snapshot (`start_position =
+/// Snapshot`), single- and multi-instance alike.
+pub const SNAPSHOT_PCT: u64 = 20;
 
 impl Schedule {
     /// Whether this is a multi-instance (`SingleLeader`) schedule.

@@ -64,6 +64,14 @@ pub enum Step {
     DeadLetterPutFailures(u32),
     /// The next `n` cursor opens fail with a resumable error.
     OpenFailures(usize),
+    /// The next `n` batches of an initial snapshot's scan fail, with a resumable error or
+    /// (`fatal`) one that halts the stream (the drain's operator restarts it).
+    ScanFailures {
+        /// How many batches.
+        n: usize,
+        /// Not resumable.
+        fatal: bool,
+    },
     /// Process crash: stream tasks aborted where they stand, nothing flushed.
     Crash,
     /// Start a new runtime (after a crash) on the same backend.
@@ -162,6 +170,7 @@ impl Step {
             Step::CheckpointSaveDelay(_) => "checkpoint_save_delay",
             Step::DeadLetterPutFailures(_) => "dead_letter_put_failures",
             Step::OpenFailures(_) => "open_failures",
+            Step::ScanFailures { .. } => "scan_failures",
             Step::Crash => "crash",
             Step::Restart => "restart",
             Step::CrashLeader => "crash_leader",
@@ -218,6 +227,11 @@ impl fmt::Display for Step {
             Step::CheckpointSaveDelay(d) => write!(f, "FAULT checkpoint save delay {d:?}ms"),
             Step::DeadLetterPutFailures(n) => write!(f, "FAULT fail next {n} dead-letter puts"),
             Step::OpenFailures(n) => write!(f, "FAULT fail next {n} opens"),
+            Step::ScanFailures { n, fatal } => write!(
+                f,
+                "FAULT fail next {n} scans{}",
+                if *fatal { " (fatal)" } else { "" }
+            ),
             Step::Crash => f.write_str("CRASH"),
             Step::Restart => f.write_str("RESTART"),
             Step::GracefulRestart => f.write_str("graceful restart"),

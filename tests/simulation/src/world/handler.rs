@@ -63,6 +63,44 @@ pub(crate) struct SimHandler {
     pub(crate) inc: u32,
 }
 
+/// What the handler is invoked with: a change (its oplog sequence) or a snapshot read (its
+/// key).
+#[derive(Clone, Copy)]
+enum Subject {
+    Change(u64),
+    Read(i32),
+}
+
+impl std::fmt::Display for Subject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Subject::Change(seq) => write!(f, "#{seq}"),
+            Subject::Read(k) => write!(f, "scan k{k}"),
+        }
+    }
+}
+
+/// The `#[filter]` on a snapshot read: the schedule's filter (the document's status), and
+/// invariant 9 on its first attempt with several runtimes.
+fn snapshot_filter(w: &mut WorldState, inc: u32, ctx: &ChangeContext<Item>) -> bool {
+    let Some(k) = key_of(ctx) else {
+        return true;
+    };
+    if (w.settings.leader.is_some() || w.settings.shared_checkpoint) && ctx.attempt() == 1 {
+        w.check_consumer(inc, &format!("the snapshot read of k{k}"));
+    }
+    let keep = match w.settings.filter {
+        FilterKind::NotQuiet => ctx.document().is_none_or(|d| d.status != "quiet"),
+        FilterKind::None | FilterKind::NoUpdatesOf(_) => true,
+    };
+    if !keep {
+        let tag = w.tag(inc);
+        w.log(format!("{tag}filter rejects the snapshot read of k{k}"));
+        w.settle_snapshot_read(k, Settle::Filtered);
+    }
+    keep
+}
+
 enum Outcome {
     Ok,
     Fail(&'static str),
@@ -91,9 +129,12 @@ impl StreamHandler for SimHandler {
 
     fn filter(&self, ctx: &ChangeContext<Item>) -> bool {
         let mut w = self.world.lock();
+        if ctx.is_snapshot() {
+            return snapshot_filter(&mut w, self.inc, ctx);
+        }
         if (w.settings.leader.is_some() || w.settings.shared_checkpoint) && ctx.attempt() == 1 {
             if let Some(seq) = token_seq(ctx.resume_token()) {
-                w.check_consumer(self.inc, seq);
+                w.check_consumer(self.inc, &format!("#{seq}"));
             }
         }
         let key = key_of(ctx);
@@ -118,31 +159,58 @@ impl StreamHandler for SimHandler {
     }
 
     fn handle(self: Arc<Self>, ctx: Arc<ChangeContext<Item>>) -> Option<HandlerFuture> {
-        let seq = token_seq(ctx.resume_token())?;
         let op = ctx.operation_type().as_str().to_owned();
         let key = key_of(&ctx);
         let mut w = self.world.lock();
         let inc = self.inc;
         let tag = w.tag(inc);
-        if op == "drop" || op == "invalidate" {
-            w.log(format!("{tag}unrouted #{seq} {op}"));
-            w.settle(seq, Settle::Unrouted);
-            return None;
+        // A snapshot read has no oplog position: its key names it.
+        let subject = if ctx.is_snapshot() {
+            Subject::Read(key?)
+        } else {
+            Subject::Change(token_seq(ctx.resume_token())?)
+        };
+        if let Subject::Change(seq) = subject {
+            if op == "drop" || op == "invalidate" {
+                w.log(format!("{tag}unrouted #{seq} {op}"));
+                w.settle(seq, Settle::Unrouted);
+                if op == "drop" {
+                    w.project_drop(seq);
+                }
+                return None;
+            }
         }
-        let call = {
-            let c = w.calls.entry(seq).or_insert(0);
-            *c += 1;
-            *c - 1
+        let (call, h, min_latency) = match subject {
+            Subject::Change(seq) => {
+                let c = w.calls.entry(seq).or_insert(0);
+                *c += 1;
+                let call = *c - 1;
+                let h = mix(w.seed
+                    ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    ^ u64::from(call).wrapping_mul(0xC2B2_AE3D_27D4_EB4F));
+                (call, h, 0)
+            }
+            Subject::Read(k) => {
+                let call = w.snapshot_call(k);
+                let h = mix(w.seed
+                    ^ 0x5CA1_AB1E_0000_0000
+                    ^ u64::from(k as u32).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    ^ u64::from(call).wrapping_mul(0xC2B2_AE3D_27D4_EB4F));
+                let min = w
+                    .settings
+                    .snapshot
+                    .as_ref()
+                    .map_or(0, |s| s.read_latency_ms);
+                (call, h, min)
+            }
         };
         let b = &w.settings.behaviour;
-        let h = mix(w.seed
-            ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            ^ u64::from(call).wrapping_mul(0xC2B2_AE3D_27D4_EB4F));
-        let latency = if b.max_latency_ms == 0 {
-            0
-        } else {
-            h % (b.max_latency_ms + 1)
-        };
+        let latency = min_latency
+            + if b.max_latency_ms == 0 {
+                0
+            } else {
+                h % (b.max_latency_ms + 1)
+            };
         let outcome = if key.is_some_and(|k| b.permanent_keys.contains(&k)) {
             Outcome::Fail("permanent failure")
         } else if call < b.transient_calls && (h >> 20) % 100 < b.transient_pct {
@@ -155,8 +223,9 @@ impl StreamHandler for SimHandler {
             Outcome::Ok
         };
         w.stats.invocations += 1;
+        let label = subject.to_string();
         w.log(format!(
-            "{tag}invoke #{seq} {op} k{} attempt {} (call {call}, {latency}ms)",
+            "{tag}invoke {label} {op} k{} attempt {} (call {call}, {latency}ms)",
             key.unwrap_or(-1),
             ctx.attempt()
         ));
@@ -175,7 +244,7 @@ impl StreamHandler for SimHandler {
                     match until {
                         Some(u) if u > Instant::now() => {
                             let at = u.saturating_duration_since(w.t0).as_millis();
-                            w.log(format!("{tag}handler of #{seq} stalls until {at}ms"));
+                            w.log(format!("{tag}handler of {label} stalls until {at}ms"));
                             Some(u)
                         }
                         _ => None,
@@ -196,7 +265,7 @@ impl StreamHandler for SimHandler {
                     w.stats.zombie_wakeups += 1;
                 }
                 w.log(format!(
-                    "{tag}handler of #{seq} wakes{}",
+                    "{tag}handler of {label} wakes{}",
                     if deposed {
                         " (a zombie: this runtime no longer holds the lease)"
                     } else {
@@ -206,23 +275,32 @@ impl StreamHandler for SimHandler {
             }
             match outcome {
                 Outcome::Ok => {
-                    w.log(format!("{tag}success #{seq}"));
-                    w.on_success(seq, key);
+                    w.log(format!("{tag}success {label}"));
+                    match subject {
+                        Subject::Change(seq) => {
+                            w.on_success(seq, key);
+                            w.project_change(seq, key, ctx.raw_event());
+                        }
+                        Subject::Read(k) => {
+                            let doc = ctx.event().full_document().cloned().unwrap_or_default();
+                            w.on_snapshot_success(k, &doc);
+                        }
+                    }
                     Ok(())
                 }
                 Outcome::Fail(why) => {
-                    w.log(format!("{tag}fail #{seq}: {why}"));
-                    Err(HandlerError::msg(format!("{why} of #{seq}")))
+                    w.log(format!("{tag}fail {label}: {why}"));
+                    Err(HandlerError::msg(format!("{why} of {label}")))
                 }
                 Outcome::DeadLetterRequest => {
-                    w.log(format!("{tag}#{seq}: handler asks to dead-letter"));
+                    w.log(format!("{tag}{label}: handler asks to dead-letter"));
                     ctx.dead_letter("the simulated handler asked for it");
                     Ok(())
                 }
                 Outcome::Panic => {
-                    w.log(format!("{tag}panic #{seq}"));
+                    w.log(format!("{tag}panic {label}"));
                     drop(w);
-                    panic!("{PANIC_MARK} #{seq}");
+                    panic!("{PANIC_MARK} {label}");
                 }
             }
         }))

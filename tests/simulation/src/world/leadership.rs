@@ -188,7 +188,7 @@ impl WorldState {
     }
 
     /// Invariant 9, when `inc` begins processing an event (its first attempt).
-    pub(crate) fn check_consumer(&mut self, inc: u32, seq: u64) {
+    pub(crate) fn check_consumer(&mut self, inc: u32, what: &str) {
         if self.leads(inc) {
             return;
         }
@@ -201,7 +201,7 @@ impl WorldState {
             .unwrap_or_else(|| "it never acquired the lease".into());
         self.violate(
             Invariant::OneConsumer,
-            format!("{tag}began processing #{seq} without holding the live lease ({own}); {label}"),
+            format!("{tag}began processing {what} without holding the live lease ({own}); {label}"),
         );
     }
 

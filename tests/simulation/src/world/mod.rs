@@ -14,17 +14,20 @@
 //! and at the end of the run.
 //!
 //! By concept: this module holds the recorded state and the checks of invariants 1–5;
-//! `leadership` the lease mirror and the checks of invariants 6–10; `handler` the simulated
-//! handler; `recorders` the store and source wrappers that feed the state.
+//! `leadership` the lease mirror and the checks of invariants 6–10; `snapshot` the initial
+//! snapshot's ground truth and invariants 12–14; `handler` the simulated handler; `recorders`
+//! the store and source wrappers that feed the state.
 
 mod handler;
 mod keyed;
 mod leadership;
 mod recorders;
+mod snapshot;
 
 pub use handler::Item;
 pub(crate) use handler::{set_pipeline, SimHandler, DEFAULT_DEF, PANIC_MARK};
 pub(crate) use recorders::{RecCheckpoints, RecDeadLetters, RecLeases, RecSource};
+pub(crate) use snapshot::{int_key, SnapshotTruth};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -39,8 +42,8 @@ use flowwarden::port::{
     StoreError, StoreErrorKind, WatchSpec,
 };
 use flowwarden::{
-    ChangeContext, ErrorAction, HandlerError, HandlerFuture, MemoryBackend, ResumeToken,
-    RuntimeHandle, StreamDefinition, StreamHandler,
+    ChangeContext, ErrorAction, Halt, HaltReason, HandlerError, HandlerFuture, MemoryBackend,
+    ResumeToken, RuntimeHandle, StreamDefinition, StreamHandler, StreamState,
 };
 use serde::Deserialize;
 use tokio::time::Instant;
@@ -183,6 +186,8 @@ pub(crate) struct WorldState {
     pub(crate) received_open: BTreeMap<u32, BTreeSet<u64>>,
     /// Events a runtime received and left unsettled at a graceful shutdown or a re-open.
     pub(crate) left_unsettled: BTreeSet<u64>,
+    /// The initial snapshot (invariants 12–14).
+    pub(crate) snap: SnapshotTruth,
 }
 
 /// One runtime started by the harness.
@@ -233,6 +238,7 @@ pub(crate) struct World {
 
 impl World {
     pub(crate) fn new(seed: u64, settings: Settings) -> Arc<World> {
+        let snapshot = settings.snapshot.is_some();
         Arc::new(World {
             state: Mutex::new(WorldState {
                 last_open_refused_oldest: false,
@@ -273,6 +279,7 @@ impl World {
                 in_flight: BTreeMap::new(),
                 received_open: BTreeMap::new(),
                 left_unsettled: BTreeSet::new(),
+                snap: SnapshotTruth::new(snapshot),
             }),
         })
     }
@@ -363,6 +370,14 @@ impl WorldState {
             }
         ));
         self.stats.changes += 1;
+        if self.snap.on && !self.snap.completed && self.start_seq.is_some() {
+            self.stats.changes_during_scan += 1;
+        }
+        if status == Some("hidden") {
+            if let Some(k) = key {
+                self.snap.hidden.insert(k);
+            }
+        }
         self.changes.insert(seq, c);
     }
 

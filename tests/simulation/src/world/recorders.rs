@@ -1,7 +1,7 @@
 //! The recording wrappers around the in-memory backend's source, checkpoint store, dead-letter
 //! store and lease store: every open, delivery, write and lease call feeds the world.
 
-use flowwarden::port::SourceErrorKind;
+use flowwarden::port::{HistoryBounds, HistoryUnknown, ScanRequest, SourceErrorKind};
 
 use super::*;
 
@@ -59,6 +59,7 @@ impl ChangeSource for RecSource {
         let tag = w.tag(inc);
         w.on_cursor_open(inc);
         w.on_open(&tag, &at, head, first, &summary);
+        w.on_snapshot_open(inc, &at, summary.is_ok());
         match &summary {
             Ok(()) => w.last_open_refused_oldest = false,
             Err(_) if oldest_unknown && at == StartAt::OldestAvailable => {
@@ -94,6 +95,35 @@ impl ChangeSource for RecSource {
 
     fn describe(&self) -> String {
         "simulated in-memory".into()
+    }
+
+    async fn history_bounds(&self) -> Result<HistoryBounds, HistoryUnknown> {
+        ChangeSource::history_bounds(&self.memory).await
+    }
+
+    fn position_time(&self, position: &ResumeToken) -> Option<bson::DateTime> {
+        ChangeSource::position_time(&self.memory, position)
+    }
+
+    /// A scan batch takes the schedule's scan latency (a `find`'s round trip), then reads
+    /// the collection as it is.
+    async fn scan(&self, request: &ScanRequest) -> Result<Vec<Document>, SourceError> {
+        let latency = self
+            .world
+            .lock()
+            .settings
+            .snapshot
+            .as_ref()
+            .map_or(0, |s| s.scan_latency_ms);
+        if latency > 0 {
+            tokio::time::sleep(Duration::from_millis(latency)).await;
+        }
+        let result = ChangeSource::scan(&self.memory, request).await;
+        let head = self.memory.oplog_head();
+        self.world
+            .lock()
+            .on_scan(self.inc, request.after.as_ref(), &result, head);
+        result
     }
 }
 
@@ -272,7 +302,10 @@ impl CheckpointStore for RecCheckpoints {
         let current = current_lease(&self.memory).await;
         let mut w = self.world.lock();
         match &r {
-            Ok(()) => w.on_checkpoint_accepted(self.inc, &written, current.as_ref()),
+            Ok(()) => {
+                w.on_checkpoint_accepted(self.inc, &written, current.as_ref());
+                w.on_snapshot_checkpoint(self.inc, &written);
+            }
             Err(e) if e.kind == StoreErrorKind::Fenced => {
                 w.stats.fenced_checkpoint_writes += 1;
                 w.on_fenced(self.inc, "checkpoint save", e);
@@ -348,6 +381,13 @@ impl DeadLetterStore for RecDeadLetters {
                 w.stats.dead_letters += 1;
                 if let Some(seq) = seq {
                     w.settle(seq, Settle::DeadLettered);
+                }
+                if record.event.get_bool("snapshot") == Ok(true) {
+                    let key = record.document_key.as_ref().and_then(|k| k.get("_id"));
+                    if let Some(k) = key.and_then(int_key) {
+                        w.log(format!("{tag}dead-lettered the snapshot read of k{k}"));
+                        w.settle_snapshot_read(k, Settle::DeadLettered);
+                    }
                 }
             }
             Err(e) if e.kind == StoreErrorKind::Fenced => {
