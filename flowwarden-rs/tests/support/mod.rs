@@ -10,6 +10,8 @@ use flowwarden::{AnyStream, MemoryBackend, Runtime, StreamDefinition, StreamStat
 
 pub use flowwarden_testkit::Probe;
 
+pub mod snapshot;
+
 /// A probe whose handler blocks in the change of `_id` `id` until `gate` is notified (a long
 /// pause: a slow or frozen instance), then succeeds; every other change succeeds at once.
 pub fn stalling_on(id: i32, gate: Arc<tokio::sync::Notify>) -> Probe {
