@@ -307,3 +307,51 @@ async fn a_completed_snapshot_is_not_repeated_and_an_existing_stream_does_not_sc
     rt.shutdown().await;
     assert_eq!(log.all(), [("insert".to_string(), Bson::Int32(6), false)]);
 }
+
+/// Found by the fault simulation (invariant 14, seed 134 shrunk to one insert): on an in-memory
+/// backend whose oplog was still empty when the snapshot recorded its start (position 0, whose
+/// time is the backend's creation), the history check before a scan batch compared that start
+/// with the oldest retained entry's write time (or "now", with no entry), found it older, and
+/// halted `HistoryLost` although nothing had been dropped. Here the backend exists for a while
+/// before the stream starts, and a document is inserted while the start is being stored (a
+/// slow checkpoint write), so the scan reads it and checks the history again after it.
+#[tokio::test(start_paused = true)]
+async fn a_snapshot_that_starts_on_an_empty_oplog_is_not_halted_for_lost_history() {
+    let backend = MemoryBackend::new();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    backend
+        .faults()
+        .set_checkpoint_save_delay(Some(Duration::from_secs(1)));
+    let writer = {
+        let backend = backend.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            insert_ids(&backend, [1]);
+            backend.faults().set_checkpoint_save_delay(None);
+        })
+    };
+    let log = Log::default();
+    let probe = logging_probe(&log, |_| Some(Duration::from_secs(1)));
+    let d = snapshot_def("snap-empty", |_| {});
+    let rt = start_with(&backend, &probe, d, |b| b.batch_size(1)).await;
+    writer.await.unwrap();
+    let halted = || {
+        rt.handle()
+            .status("snap-empty")
+            .is_some_and(|s| s.halt.is_some())
+    };
+    wait_until("1 scanned and streamed, or a halt", || {
+        log.len() == 2 || halted()
+    })
+    .await;
+    insert_ids(&backend, [2]);
+    wait_until("2 streamed, or a halt", || log.len() == 3 || halted()).await;
+    let st = rt.handle().status("snap-empty").unwrap();
+    rt.shutdown().await;
+    assert!(st.halt.is_none(), "{:?}", st.halt);
+    assert_eq!(st.state, StreamState::Running);
+    // 1 was inserted after the recorded start: read by the scan, then delivered by the stream
+    // (a duplicate, never a gap); 2 after the scan.
+    assert_eq!(log.scanned(), [1]);
+    assert_eq!(log.streamed(), [1, 2]);
+}

@@ -140,12 +140,20 @@ impl ChangeSource for MemoryBackend {
     }
 
     /// The write times of the oldest and newest retained entries (the backend's clock, virtual
-    /// under `tokio::time::pause`); both are "now" while nothing was written.
+    /// under `tokio::time::pause`). While no entry was ever dropped the oldest retained
+    /// position is the one before the first write, whose time is the backend's creation (see
+    /// [`ChangeSource::position_time`]): a stream that started there is still resumable, so
+    /// the history reaches back to the creation. The newest is "now" while nothing was written.
     async fn history_bounds(&self) -> Result<HistoryBounds, HistoryUnknown> {
         let st = self.lock();
         let now = || self.wall_time();
+        let oldest = if st.first_retained() == 1 {
+            self.epoch_time()
+        } else {
+            st.oplog.front().map_or_else(now, |e| e.wall)
+        };
         Ok(HistoryBounds {
-            oldest: st.oplog.front().map_or_else(now, |e| e.wall),
+            oldest,
             newest: st.oplog.back().map_or_else(now, |e| e.wall),
         })
     }
