@@ -54,7 +54,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 pub use rng::{mix, SplitMix64};
-pub use run::{run_schedule, run_seed, shrink};
+pub use run::{run_schedule, run_seed, shrink, shrink_for};
 pub use schedule::{
     Behaviour, FilterKind, LeaderSettings, PipelineKind, Schedule, Settings, SnapshotSettings,
     Step, MULTI_INSTANCE_PCT, SHARED_CHECKPOINT_PCT, SNAPSHOT_PCT,

@@ -1,6 +1,7 @@
 //! The simulation in the normal test suite: thousands of seeded fault schedules on the real
-//! runtime (about 30% of them multi-instance, see `tests/leader.rs`), the proof that the
-//! checker catches the classic bug, and replay determinism.
+//! runtime (about 30% of them multi-instance, see `tests/leader.rs`; about 20% snapshot starts,
+//! see `tests/snapshot.rs`), the proof that the checker catches the classic bug, and replay
+//! determinism.
 //!
 //! `SIM_SEEDS=N` and `SIM_FROM=S` change the range of the main test.
 
@@ -97,6 +98,7 @@ fn thousands_of_fault_schedules_hold_every_invariant() {
             "checkpoint_save_delay",
             "dead_letter_put_failures",
             "open_failures",
+            "scan_failures",
         ] {
             assert!(
                 stats.faults.get(kind).copied().unwrap_or(0) > 0,
@@ -117,6 +119,12 @@ fn thousands_of_fault_schedules_hold_every_invariant() {
         // Multi-instance schedules: leader faults, takeovers, and zombies actually fenced.
         assert!(stats.multi_instance_seeds > count / 5, "{stats}");
         assert!(stats.concurrent_seeds > count / 3, "{stats}");
+        // Snapshot starts (`tests/snapshot.rs`): scans resumed, history lost during a scan.
+        assert!(stats.snapshot_seeds > count / 10, "{stats}");
+        assert!(
+            stats.resumed_scans > 0 && stats.snapshot_history_lost > 0,
+            "{stats}"
+        );
         for kind in [
             "crash_leader",
             "crash_standby",

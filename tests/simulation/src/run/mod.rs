@@ -52,9 +52,20 @@ pub fn shrink(
     opts: &SimOptions,
     budget: usize,
 ) -> Result<(Schedule, SeedOutcome), SimError> {
+    shrink_for(schedule, opts, budget, None)
+}
+
+/// [`shrink`], keeping `invariant` failing (`None`: the first one the schedule violates).
+pub fn shrink_for(
+    schedule: &Schedule,
+    opts: &SimOptions,
+    budget: usize,
+    invariant: Option<Invariant>,
+) -> Result<(Schedule, SeedOutcome), SimError> {
     let mut best_out = run_schedule(schedule, opts)?;
     let mut best = schedule.clone();
-    let Some(target) = best_out.violations.first().map(|v| v.invariant) else {
+    let first = best_out.violations.first().map(|v| v.invariant);
+    let Some(target) = invariant.or(first) else {
         return Ok((best, best_out));
     };
     let mut budget = budget;
