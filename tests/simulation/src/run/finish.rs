@@ -123,7 +123,7 @@ impl Sim<'_> {
                     Invariant::NoSilentLoss,
                     format!(
                         "changes {missing:?} were never handled, dead-lettered or filtered, and are in no reported gap (final state {state:?}, halt {:?})",
-                        halt.as_ref().map(|h| format!("{:?}: {}", h.reason, h.message))
+                        halt.as_ref().map(|h| format!("{:?}: {}", h.reason, without_wall_clock(&h.message)))
                     ),
                 );
             }

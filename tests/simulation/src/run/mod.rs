@@ -119,6 +119,19 @@ thread_local! {
     static DEFINITIONS: RefCell<HashMap<String, &'static StreamDefinition>> = RefCell::new(HashMap::new());
 }
 
+/// A halt message without the wall-clock time an initial snapshot's halt names ("began at
+/// <date> and"): the trace stays the same on every replay.
+pub(super) fn without_wall_clock(message: &str) -> String {
+    const FROM: &str = "began at ";
+    let Some(at) = message.find(FROM).map(|i| i + FROM.len()) else {
+        return message.to_owned();
+    };
+    match message[at..].find(" and ") {
+        Some(end) => format!("{}<time>{}", &message[..at], &message[at + end..]),
+        None => message.to_owned(),
+    }
+}
+
 /// The checkpoint guard's timing in shared-checkpoint runs: short, so takeovers after a crash
 /// happen within the schedule.
 const SHARED_GUARD: LeaseConfig = LeaseConfig {
@@ -414,7 +427,7 @@ impl Sim<'_> {
         w.log(format!(
             "{tag}runtime ended ({how}): state {:?}, halt {:?}, received {} handled {} filtered {} unrouted {} retried {} dead-lettered {} redelivered {} restarts {} history_lost {} checkpoints {} (failed {})",
             st.state,
-            st.halt.as_ref().map(|h| format!("{:?}: {}", h.reason, h.message)),
+            st.halt.as_ref().map(|h| format!("{:?}: {}", h.reason, without_wall_clock(&h.message))),
             c.received, c.handled, c.filtered, c.unrouted, c.retried, c.dead_lettered, c.redelivered, c.restarts, c.history_lost, c.checkpoints_saved, c.checkpoint_failures
         ));
         w.history_lost_finished += c.history_lost;

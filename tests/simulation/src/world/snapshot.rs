@@ -444,8 +444,9 @@ impl WorldState {
     }
 
     /// Whether `key` may legitimately differ: its handler always fails (dead letters), the
-    /// pipeline keeps it from the scan and the stream, or one of its snapshot reads or changes
-    /// was filtered, dead-lettered, dropped by the pipeline or skipped in a reported gap.
+    /// pipeline keeps it from the scan and the stream, one of its snapshot reads or changes was
+    /// filtered, dead-lettered, dropped by the pipeline or skipped in a reported gap, or the
+    /// collection's drop was (a drop concerns every key).
     fn projection_excused(&self, key: i32) -> bool {
         let s = &self.settings;
         if s.behaviour.permanent_keys.contains(&key) {
@@ -463,16 +464,20 @@ impl WorldState {
             .and_then(|r| r.settled)
             .is_some_and(|how| how != Settle::Handled);
         read_not_handled
-            || self
-                .checked_changes(u64::MAX)
-                .filter(|c| c.key == Some(key))
-                .any(|c| {
-                    c.pipeline_rejects
-                        || self.gap.contains(&c.seq)
-                        || self
-                            .settled
-                            .get(&c.seq)
-                            .is_some_and(|how| *how != Settle::Handled)
-                })
+            || self.checked_changes(u64::MAX).any(|c| {
+                if c.op == Op::Drop {
+                    // Delivered, it cleared the projection (`project_drop`).
+                    return self.gap.contains(&c.seq);
+                }
+                if c.key != Some(key) {
+                    return false;
+                }
+                c.pipeline_rejects
+                    || self.gap.contains(&c.seq)
+                    || self
+                        .settled
+                        .get(&c.seq)
+                        .is_some_and(|how| *how != Settle::Handled)
+            })
     }
 }
