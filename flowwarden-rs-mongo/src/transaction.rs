@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use bson::{doc, Document};
 use flowwarden::port::codec::encode_checkpoint;
 use flowwarden::port::{
-    Checkpoint, CheckpointStore, HandleType, StoreErrorKind, StreamTransaction, TransactionError,
+    Checkpoint, CheckpointStore, HandleType, StreamTransaction, TransactionError,
     TransactionErrorKind, TransactionHandle, TransactionHandleType, TransactionStore,
 };
 use flowwarden::HandlerError;
@@ -204,15 +204,7 @@ impl Open {
         if let Some(epoch) = checkpoint.epoch {
             self.backend
                 .check_fence(stream, checkpoint.owner.as_deref(), epoch)
-                .await
-                .map_err(|e| {
-                    let kind = if e.kind == StoreErrorKind::Fenced {
-                        TransactionErrorKind::Fenced
-                    } else {
-                        TransactionErrorKind::Unavailable
-                    };
-                    TransactionError::new(kind, e.message)
-                })?;
+                .await?;
         }
         let filter = match checkpoint.epoch {
             None => doc! { "_id": stream },

@@ -147,6 +147,33 @@ async fn start(backend: &MemoryBackend, script: &Arc<Script>) -> Runtime {
     start_on(backend.clone(), AnyStream::new(projector(script)), |b| b).await
 }
 
+/// A transaction-step hook that holds the stream at the `nth` (0-based) time it reaches `step`:
+/// it notifies `reached`, then waits for `release` (forever without one, until the test crashes
+/// the runtime).
+fn hold_at(
+    step: Option<TransactionStep>,
+    nth: u32,
+    reached: &Arc<Notify>,
+    release: Option<&Arc<Notify>>,
+) -> impl Fn(TransactionStep) -> BoxFuture<'static, ()> + Send + Sync + 'static {
+    let seen = Arc::new(AtomicU32::new(0));
+    let (reached, release) = (reached.clone(), release.cloned());
+    move |s| {
+        if Some(s) == step && seen.fetch_add(1, Ordering::SeqCst) == nth {
+            let (reached, release) = (reached.clone(), release.clone());
+            return async move {
+                reached.notify_one();
+                match release {
+                    Some(r) => r.notified().await,
+                    None => std::future::pending().await,
+                }
+            }
+            .boxed();
+        }
+        futures::future::ready(()).boxed()
+    }
+}
+
 /// `effects` as order `_id` → how many times its event's writes were applied.
 fn effects(backend: &MemoryBackend) -> BTreeMap<i32, i32> {
     backend
@@ -216,7 +243,6 @@ async fn crash_at(step: &str) {
     let backend = MemoryBackend::new();
     let script = Arc::new(Script::default());
     let reached = Arc::new(Notify::new());
-    let commits = Arc::new(AtomicU32::new(0));
     let hook_step = match step {
         "before-writes" => {
             *script.stop.lock().unwrap() = Some((3, Stop::BeforeWrites));
@@ -230,20 +256,12 @@ async fn crash_at(step: &str) {
         "after-commit" => Some(TransactionStep::AfterCommit),
         other => panic!("unknown step {other}"),
     };
-    let (r, c) = (reached.clone(), commits.clone());
+    // The third event's step: hold the stream there until the crash.
+    let hook = hold_at(hook_step, 2, &reached, None);
     let rt = start_on(
         backend.clone(),
         AnyStream::new(projector(&script)),
-        move |b| {
-            b.on_transaction_step(move |s| -> BoxFuture<'static, ()> {
-                // The third event's step: hold the stream here until the crash.
-                if Some(s) == hook_step && c.fetch_add(1, Ordering::SeqCst) == 2 {
-                    r.notify_one();
-                    return std::future::pending().boxed();
-                }
-                futures::future::ready(()).boxed()
-            })
-        },
+        move |b| b.on_transaction_step(hook),
     )
     .await;
     insert(&backend, 1..=6);
@@ -310,21 +328,13 @@ async fn the_checkpoint_outside_the_transaction_applies_writes_twice() {
     let backend = MemoryBackend::new();
     let script = Arc::new(Script::default());
     let reached = Arc::new(Notify::new());
-    let commits = Arc::new(AtomicU32::new(0));
-    let (r, c) = (reached.clone(), commits.clone());
+    let hook = hold_at(Some(TransactionStep::AfterCommit), 2, &reached, None);
     let rt = start_on(
         backend.clone(),
         AnyStream::new(projector(&script)),
         move |b| {
-            b.checkpoint_outside_transaction(true).on_transaction_step(
-                move |s| -> BoxFuture<'static, ()> {
-                    if s == TransactionStep::AfterCommit && c.fetch_add(1, Ordering::SeqCst) == 2 {
-                        r.notify_one();
-                        return std::future::pending().boxed();
-                    }
-                    futures::future::ready(()).boxed()
-                },
-            )
+            b.checkpoint_outside_transaction(true)
+                .on_transaction_step(hook)
         },
     )
     .await;
@@ -347,21 +357,14 @@ async fn a_stop_that_abandons_a_committed_transaction_keeps_the_committed_checkp
     let backend = MemoryBackend::new();
     let script = Arc::new(Script::default());
     let reached = Arc::new(Notify::new());
-    let commits = Arc::new(AtomicU32::new(0));
-    let (r, c) = (reached.clone(), commits.clone());
     let d = def_with(|d| d.checkpoint.save_interval_secs = 0);
+    let hook = hold_at(Some(TransactionStep::AfterCommit), 2, &reached, None);
     let rt = start_on(
         backend.clone(),
         AnyStream::with_definition(projector(&script), d),
         move |b| {
             b.shutdown_timeout(Duration::from_secs(1))
-                .on_transaction_step(move |s| -> BoxFuture<'static, ()> {
-                    if s == TransactionStep::AfterCommit && c.fetch_add(1, Ordering::SeqCst) == 2 {
-                        r.notify_one();
-                        return std::future::pending().boxed();
-                    }
-                    futures::future::ready(()).boxed()
-                })
+                .on_transaction_step(hook)
         },
     )
     .await;
@@ -593,8 +596,12 @@ async fn a_deposed_leader_that_wakes_up_is_fenced_at_its_commit() {
     let a_script = Arc::new(Script::default());
     let gate = Arc::new(Notify::new());
     let entered = Arc::new(Notify::new());
-    let commits = Arc::new(AtomicU32::new(0));
-    let (g, e, c) = (gate.clone(), entered.clone(), commits.clone());
+    let hook = hold_at(
+        Some(TransactionStep::BeforeCommit),
+        1,
+        &entered,
+        Some(&gate),
+    );
     // A pauses before its second commit (event 2) until the test wakes it: a long GC pause, a
     // frozen VM.
     let rt_a = start_on(
@@ -603,17 +610,7 @@ async fn a_deposed_leader_that_wakes_up_is_fenced_at_its_commit() {
         move |b| {
             b.instance_id("a")
                 .shutdown_timeout(Duration::from_secs(600))
-                .on_transaction_step(move |s| -> BoxFuture<'static, ()> {
-                    if s == TransactionStep::BeforeCommit && c.fetch_add(1, Ordering::SeqCst) == 1 {
-                        let (g, e) = (g.clone(), e.clone());
-                        return async move {
-                            e.notify_one();
-                            g.notified().await;
-                        }
-                        .boxed();
-                    }
-                    futures::future::ready(()).boxed()
-                })
+                .on_transaction_step(hook)
         },
     )
     .await;

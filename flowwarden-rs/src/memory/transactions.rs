@@ -23,7 +23,7 @@ use crate::matcher::update::{is_operator_update, validate_replacement};
 use crate::matcher::Filter;
 use crate::port::codec::encode_checkpoint;
 use crate::port::{
-    Checkpoint, CheckpointStore, HandleType, StoreErrorKind, StreamTransaction, TransactionError,
+    Checkpoint, CheckpointStore, HandleType, StreamTransaction, TransactionError,
     TransactionErrorKind, TransactionHandle, TransactionHandleType, TransactionStore,
     DEFAULT_TRANSACTION_LIFETIME,
 };
@@ -312,16 +312,8 @@ impl State {
     ) -> Result<(), TransactionError> {
         if let Some(c) = checkpoint {
             if let Some(epoch) = c.epoch {
-                self.check_checkpoint_epoch(&c.stream, epoch)
-                    .and_then(|()| self.check_fence(&c.stream, c.owner.as_deref(), Some(epoch)))
-                    .map_err(|e| {
-                        let kind = if e.kind == StoreErrorKind::Fenced {
-                            TransactionErrorKind::Fenced
-                        } else {
-                            TransactionErrorKind::Unavailable
-                        };
-                        TransactionError::new(kind, e.message)
-                    })?;
+                self.check_checkpoint_epoch(&c.stream, epoch)?;
+                self.check_fence(&c.stream, c.owner.as_deref(), Some(epoch))?;
             }
         }
         let db = self.default_database.clone();

@@ -138,6 +138,19 @@ pub struct TransactionError {
     pub message: String,
 }
 
+/// A checkpoint write refused inside a transaction: fenced stays fenced; anything else means
+/// the store could not be used now.
+impl From<super::store_error::StoreError> for TransactionError {
+    fn from(e: super::store_error::StoreError) -> Self {
+        let kind = if e.kind == super::store_error::StoreErrorKind::Fenced {
+            TransactionErrorKind::Fenced
+        } else {
+            TransactionErrorKind::Unavailable
+        };
+        Self::new(kind, e.message)
+    }
+}
+
 impl TransactionError {
     /// A new error.
     pub fn new(kind: TransactionErrorKind, message: impl Into<String>) -> Self {
