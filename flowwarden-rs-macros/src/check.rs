@@ -14,8 +14,48 @@ pub(crate) fn stream(cx: &Ctxt, s: &Stream, any_handler_attr: bool) {
     check_filter_with_delete(cx, s);
     check_key_needs_concurrency(cx, s);
     check_snapshot_has_insert_handler(cx, s);
+    check_transactional_runs_alone(cx, s);
     for h in &s.handlers {
         check_document_availability(cx, s, h);
+        check_transaction_param(cx, s, h);
+    }
+}
+
+/// A transactional stream commits each event's writes with the checkpoint that passes it: the
+/// checkpoint must be the position of that very event, so events run one at a time.
+fn check_transactional_runs_alone(cx: &Ctxt, s: &Stream) {
+    let Some(span) = s.transactional else {
+        return;
+    };
+    if let Some(n) = s.concurrency.concurrency.filter(|n| *n > 1) {
+        cx.error_at(
+            span,
+            format!("`transactional = true` handles one event at a time (each event's writes commit together with the checkpoint that moves past it), so it cannot be combined with `concurrency = {n}`: remove `concurrency`, or drop `transactional` and make the handler idempotent"),
+        );
+    }
+}
+
+/// A `&Transaction` parameter needs a transactional stream, and an async handler (the
+/// transaction's operations are async; a blocking handler could not use them).
+fn check_transaction_param(cx: &Ctxt, s: &Stream, h: &Handler) {
+    let Some(p) = h
+        .sig
+        .params
+        .iter()
+        .find(|p| p.kind == ParamKind::Transaction)
+    else {
+        return;
+    };
+    if s.transactional.is_none() {
+        cx.error_spanned_by(
+            &p.ty,
+            format!("`{}` takes a transaction handle, but the stream `{}` is not transactional: add `transactional = true` to #[change_stream(..)] so its writes commit together with the checkpoint (to receive the document instead, take it by value)", h.ident, s.name),
+        );
+    } else if !h.sig.is_async {
+        cx.error_at(
+            h.ident.span(),
+            format!("`{}` takes the transaction, so it must be `async`: the transaction's reads and writes are async; write `async fn {}(..)`", h.ident, h.ident),
+        );
     }
 }
 
@@ -93,7 +133,12 @@ fn check_key_needs_concurrency(cx: &Ctxt, s: &Stream) {
 }
 
 fn check_document_availability(cx: &Ctxt, s: &Stream, h: &Handler) {
-    let Some(doc) = h.sig.params.iter().find(|p| p.kind != ParamKind::Context) else {
+    let Some(doc) = h
+        .sig
+        .params
+        .iter()
+        .find(|p| matches!(p.kind, ParamKind::Document | ParamKind::OptionalDocument))
+    else {
         return;
     };
     let optional = doc.kind == ParamKind::OptionalDocument;

@@ -42,6 +42,7 @@ pub(crate) fn expand(s: &Stream) -> TokenStream {
     let handle = handle(s);
     let on_error = on_error(s);
     let key = key(s);
+    let transaction_types = transaction_types(s);
     quote! {
         const _: () = {
             #[automatically_derived]
@@ -54,6 +55,7 @@ pub(crate) fn expand(s: &Stream) -> TokenStream {
                 #handle
                 #on_error
                 #key
+                #transaction_types
             }
 
             #[doc(hidden)]
@@ -242,6 +244,7 @@ fn definition(s: &Stream) -> TokenStream {
         ],
     );
     let _ = self_ty;
+    let transactional = s.transactional.is_some();
     quote! {
         fn definition() -> &'static #p::StreamDefinition {
             static __FW_DEFINITION: #p::StreamDefinition = #p::StreamDefinition {
@@ -258,6 +261,7 @@ fn definition(s: &Stream) -> TokenStream {
                 restart: #restart,
                 deployment: #deployment,
                 concurrency: #concurrency,
+                transactional: #transactional,
                 source: #p::SourceLocation {
                     file: ::core::file!(),
                     line: ::core::line!(),
@@ -366,6 +370,27 @@ fn key(s: &Stream) -> TokenStream {
     }
 }
 
+/// `transaction_types()`: the handle type of every `&Transaction` parameter, for the startup
+/// check against the backend's.
+fn transaction_types(s: &Stream) -> TokenStream {
+    let p = private(&s.krate);
+    let types: Vec<&Type> = s
+        .handlers
+        .iter()
+        .flat_map(|h| h.sig.params.iter())
+        .filter(|x| x.kind == ParamKind::Transaction)
+        .map(|x| &x.ty)
+        .collect();
+    if types.is_empty() {
+        return TokenStream::new();
+    }
+    quote! {
+        fn transaction_types() -> #p::std::vec::Vec<#p::HandleType> {
+            #p::std::vec![#(#p::HandleType::of::<#types>()),*]
+        }
+    }
+}
+
 /// The future (or blocking job) that runs handler `h` for the event in `__fw_ctx`.
 fn invoke(s: &Stream, h: &Handler) -> TokenStream {
     let p = private(&s.krate);
@@ -375,7 +400,7 @@ fn invoke(s: &Stream, h: &Handler) -> TokenStream {
         .sig
         .params
         .iter()
-        .find(|x| x.kind != ParamKind::Context)
+        .find(|x| matches!(x.kind, ParamKind::Document | ParamKind::OptionalDocument))
         .map(|x| {
             let getter = if x.kind == ParamKind::Document {
                 quote!(document_owned)
@@ -391,9 +416,29 @@ fn invoke(s: &Stream, h: &Handler) -> TokenStream {
                 };
             }
         });
+    // The bound `#ty: TransactionHandleType` is checked on the user's type.
+    let fetch_tx = h
+        .sig
+        .params
+        .iter()
+        .find(|x| x.kind == ParamKind::Transaction)
+        .map(|x| {
+            let ty = &x.ty;
+            let span = ty.span();
+            quote_spanned! {span=>
+                let __fw_tx: #ty = match #p::transaction_handle::<#ty, _>(&*__fw_ctx) {
+                    ::core::result::Result::Ok(__fw_tx) => __fw_tx,
+                    ::core::result::Result::Err(__fw_err) => {
+                        return ::core::result::Result::Err(__fw_err);
+                    }
+                };
+            }
+        });
+    let fetch = quote!(#fetch #fetch_tx);
     let args = h.sig.params.iter().map(|x| match x.kind {
         ParamKind::Context => quote!(&*__fw_ctx),
-        _ => quote!(__fw_doc),
+        ParamKind::Transaction => quote!(&__fw_tx),
+        ParamKind::Document | ParamKind::OptionalDocument => quote!(__fw_doc),
     });
     let call = quote!(<#self_ty>::#ident(&*self, #(#args),*));
     let call = if h.sig.is_async {

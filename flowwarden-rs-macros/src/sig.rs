@@ -15,13 +15,16 @@ pub(crate) enum ParamKind {
     Document,
     /// `Option<T>`: the decoded document when the event carries one.
     OptionalDocument,
+    /// `&Transaction` (any path whose last segment ends in `Transaction`): the attempt's
+    /// transaction handle, for `transactional = true` streams.
+    Transaction,
 }
 
 /// One classified parameter.
 #[derive(Clone, Debug)]
 pub(crate) struct Param {
     pub(crate) kind: ParamKind,
-    /// The parameter's type, for errors about it.
+    /// The parameter's type, for errors about it (for a transaction, the type behind `&`).
     pub(crate) ty: Type,
 }
 
@@ -43,6 +46,27 @@ pub(crate) struct HookSig {
 }
 
 const HANDLER_SHAPES: &str = "expected `fn(&self, ctx: &ChangeContext<T>)`, `fn(&self, doc: T)` or `fn(&self, doc: T, ctx: &ChangeContext<T>)` (`Option<T>` for a document that may be absent), `async` or not, returning `()` or `Result<(), E>`";
+
+/// The type behind `&` when `ty` is `&X` and `X`'s last path segment ends in `Transaction`
+/// (`&flowwarden_rs_mongo::Transaction`, `&MemoryTransaction`).
+pub(crate) fn transaction_referent(ty: &Type) -> Option<&Type> {
+    match ty {
+        Type::Reference(r) if r.mutability.is_none() => match &*r.elem {
+            Type::Path(p)
+                if p.path
+                    .segments
+                    .last()
+                    .is_some_and(|s| s.ident.to_string().ends_with("Transaction")) =>
+            {
+                Some(&r.elem)
+            }
+            _ => None,
+        },
+        Type::Group(g) => transaction_referent(&g.elem),
+        Type::Paren(p) => transaction_referent(&p.elem),
+        _ => None,
+    }
+}
 
 /// Whether `ty` is `&ChangeContext<..>` (any path ending in `ChangeContext`).
 pub(crate) fn is_context(ty: &Type) -> bool {
@@ -184,6 +208,13 @@ pub(crate) fn handler(cx: &Ctxt, sig: &Signature) -> Option<HandlerSig> {
             continue;
         };
         let ty = &*pt.ty;
+        if let Some(inner) = transaction_referent(ty) {
+            params.push(Param {
+                kind: ParamKind::Transaction,
+                ty: inner.clone(),
+            });
+            continue;
+        }
         let kind = if is_context(ty) {
             ParamKind::Context
         } else if let Type::Reference(_) = ty {
@@ -203,7 +234,20 @@ pub(crate) fn handler(cx: &Ctxt, sig: &Signature) -> Option<HandlerSig> {
             ty: ty.clone(),
         });
     }
-    let kinds: Vec<ParamKind> = params.iter().map(|p| p.kind).collect();
+    if let Some(i) = params.iter().position(|p| p.kind == ParamKind::Transaction) {
+        if i + 1 != params.len() {
+            cx.error_spanned_by(
+                &params[i].ty,
+                "wrong handler signature: the transaction comes last, after the document and the context: `async fn(&self, doc: T, ctx: &ChangeContext<T>, tx: &Transaction)`",
+            );
+            ok = false;
+        }
+    }
+    let kinds: Vec<ParamKind> = params
+        .iter()
+        .map(|p| p.kind)
+        .filter(|k| *k != ParamKind::Transaction)
+        .collect();
     use ParamKind::*;
     match kinds.as_slice() {
         [] | [Context] | [Document | OptionalDocument] | [Document | OptionalDocument, Context] => {
@@ -230,8 +274,13 @@ pub(crate) fn handler(cx: &Ctxt, sig: &Signature) -> Option<HandlerSig> {
             ok = false;
         }
         _ => {
+            let extra = params
+                .iter()
+                .filter(|p| p.kind != Transaction)
+                .nth(2)
+                .map_or(&params[0].ty, |p| &p.ty);
             cx.error_spanned_by(
-                &params[2].ty,
+                extra,
                 format!("wrong handler signature: too many parameters; {HANDLER_SHAPES}"),
             );
             ok = false;

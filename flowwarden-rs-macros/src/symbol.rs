@@ -47,6 +47,7 @@ pub(crate) const RENEW_SECS: &str = "renew_secs";
 pub(crate) const STANDBY_POLL_SECS: &str = "standby_poll_secs";
 pub(crate) const CONCURRENCY: &str = "concurrency";
 pub(crate) const MAX_IN_FLIGHT: &str = "max_in_flight";
+pub(crate) const TRANSACTIONAL: &str = "transactional";
 
 pub(crate) const CHANGE_STREAM_KEYS: &[&str] = &[
     NAME,
@@ -63,6 +64,7 @@ pub(crate) const CHANGE_STREAM_KEYS: &[&str] = &[
     STANDBY_POLL_SECS,
     CONCURRENCY,
     MAX_IN_FLIGHT,
+    TRANSACTIONAL,
     CRATE,
 ];
 

@@ -9,7 +9,9 @@
 //!   writes fenced by epoch);
 //! - the dead-letter store on `_fw_dlq` (idempotent by record id, fenced by epoch);
 //! - the lease store of `SingleLeader` streams on `_fw_locks` ([`LeaseDocument`]), judged by
-//!   the server's clock.
+//!   the server's clock;
+//! - transactions for `transactional = true` streams ([`Transaction`]): a handler's writes and
+//!   the checkpoint commit together (exactly-once effects, `docs/exactly-once.md`).
 //!
 //! # Connecting
 //!
@@ -47,6 +49,7 @@ mod scan;
 mod source;
 mod stores;
 mod token;
+mod transaction;
 
 use std::sync::Arc;
 
@@ -63,6 +66,7 @@ pub use classify::{classify, classify_facts, ErrorClass, ErrorFacts};
 pub use lease::LeaseDocument;
 pub use source::{MongoCursor, SPLIT_STAGE};
 pub use stores::{DLQ_INDEX, MAX_RECORD_BYTES};
+pub use transaction::Transaction;
 
 /// Collection of the checkpoints (one document per stream).
 pub const CHECKPOINTS: &str = "_fw_checkpoints";
@@ -113,6 +117,9 @@ pub struct MongoBackend {
     /// The lease store whose leases fence this backend's checkpoint and dead-letter writes,
     /// when it is not this backend's `_fw_locks` (see [`MongoBackend::fenced_by`]).
     pub(crate) fence_leases: Option<Arc<dyn flowwarden::port::LeaseStore>>,
+    /// The server's transaction lifetime limit, as this backend assumes it (see
+    /// [`MongoBackend::with_transaction_lifetime`]).
+    pub(crate) transaction_lifetime: std::time::Duration,
 }
 
 impl std::fmt::Debug for MongoBackend {
@@ -176,6 +183,7 @@ impl MongoBackend {
             indexes: Arc::default(),
             resumes,
             fence_leases: None,
+            transaction_lifetime: flowwarden::port::DEFAULT_TRANSACTION_LIFETIME,
         };
         backend.validate().await?;
         info!(server = %redact_uri(uri), database, "using the MongoDB backend");
@@ -193,6 +201,7 @@ impl MongoBackend {
             indexes: Arc::default(),
             resumes: None,
             fence_leases: None,
+            transaction_lifetime: flowwarden::port::DEFAULT_TRANSACTION_LIFETIME,
         }
     }
 
@@ -237,6 +246,14 @@ impl MongoBackend {
     /// would be refused.
     pub fn fenced_by(mut self, leases: Arc<dyn flowwarden::port::LeaseStore>) -> Self {
         self.fence_leases = Some(leases);
+        self
+    }
+
+    /// The server's `transactionLifetimeLimitSeconds` (default 60 s), when it was changed:
+    /// a transactional stream's handler attempt that runs longer fails (the server would abort
+    /// its transaction anyway). See `docs/exactly-once.md`.
+    pub fn with_transaction_lifetime(mut self, limit: std::time::Duration) -> Self {
+        self.transaction_lifetime = limit;
         self
     }
 
@@ -285,6 +302,7 @@ impl From<MongoBackend> for Backend {
             source: m.clone(),
             checkpoints: m.clone(),
             dead_letters: Some(m.clone()),
+            transactions: Some(m.clone()),
             leases: Some(m),
         }
     }

@@ -262,6 +262,7 @@ async fn mixed_backend(t: &Target, name: &'static str, fenced_by: bool) -> (Runt
     };
     let backend = flowwarden::Backend {
         leases: Some(Arc::new(leases)),
+        transactions: None,
         ..flowwarden::Backend::from(mongo)
     };
     let d = def(name, |d| {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::port::{ChangeSource, CheckpointStore, DeadLetterStore, LeaseStore};
+use crate::port::{ChangeSource, CheckpointStore, DeadLetterStore, LeaseStore, TransactionStore};
 
 /// The source and stores of one runtime.
 #[derive(Clone)]
@@ -16,6 +16,9 @@ pub struct Backend {
     pub dead_letters: Option<Arc<dyn DeadLetterStore>>,
     /// Where leases of `SingleLeader` streams live; `None` makes such streams refuse to start.
     pub leases: Option<Arc<dyn LeaseStore>>,
+    /// Transactions that commit a handler's writes with the checkpoint; `None` makes
+    /// `transactional = true` streams refuse to start.
+    pub transactions: Option<Arc<dyn TransactionStore>>,
     /// The database used when a stream names none.
     pub default_database: String,
 }
@@ -25,6 +28,11 @@ impl std::fmt::Debug for Backend {
         f.debug_struct("Backend")
             .field("source", &self.source.describe())
             .field("dead_letters", &self.dead_letters.is_some())
+            .field("leases", &self.leases.is_some())
+            .field(
+                "transactions",
+                &self.transactions.as_ref().map(|t| t.describe()),
+            )
             .field("default_database", &self.default_database)
             .finish()
     }

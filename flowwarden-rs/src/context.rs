@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 
 use crate::event::{ChangeEvent, Namespace, OperationType, ResumeToken, UpdateDescription};
 use crate::handler_error::{HandlerError, HandlerErrorKind};
+use crate::port::{TransactionHandle, TransactionHandleType};
 
 /// A stable identity of an event, the same on every redelivery: use it to make handlers
 /// idempotent (for example as a unique key of the side effect).
@@ -45,6 +46,8 @@ pub struct ChangeContext<T> {
     attempt: AtomicU32,
     dead_letter_reason: Mutex<Option<String>>,
     save_checkpoint_now: AtomicBool,
+    /// The open transaction of this attempt, for `transactional = true` streams.
+    transaction: Mutex<Option<TransactionHandle>>,
 }
 
 /// The event's document could not be decoded into the stream's type.
@@ -76,6 +79,7 @@ impl<T: DeserializeOwned + 'static> ChangeContext<T> {
             attempt: AtomicU32::new(1),
             dead_letter_reason: Mutex::new(None),
             save_checkpoint_now: AtomicBool::new(false),
+            transaction: Mutex::new(None),
         })
     }
 
@@ -211,6 +215,27 @@ impl<T> ChangeContext<T> {
     /// of `save_every_n`.
     pub fn save_checkpoint_now(&self) {
         self.save_checkpoint_now.store(true, Ordering::Relaxed);
+    }
+
+    /// The handle of this attempt's transaction, typed as the backend's handle type `X`
+    /// (`flowwarden_rs_mongo::Transaction`, [`crate::MemoryTransaction`]): `None` when the
+    /// stream is not `transactional = true`, outside a handler attempt, or when `X` is not the
+    /// backend's type. Handlers declared with `#[change_stream]` take it as a `&Transaction`
+    /// parameter instead.
+    pub fn transaction<X: TransactionHandleType>(&self) -> Option<X> {
+        let slot = self.transaction.lock().ok()?;
+        slot.as_ref()?.downcast_ref::<X>().cloned()
+    }
+
+    /// Whether an attempt's transaction is open for this event.
+    pub fn in_transaction(&self) -> bool {
+        self.transaction.lock().is_ok_and(|s| s.is_some())
+    }
+
+    pub(crate) fn set_transaction(&self, handle: Option<TransactionHandle>) {
+        if let Ok(mut slot) = self.transaction.lock() {
+            *slot = handle;
+        }
     }
 
     pub(crate) fn set_attempt(&self, attempt: u32) {

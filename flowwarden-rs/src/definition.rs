@@ -34,6 +34,11 @@ pub struct StreamDefinition {
     pub deployment: Deployment,
     /// How many events of the stream may be handled at once (keyed concurrency).
     pub concurrency: ConcurrencyConfig,
+    /// Whether each handled event's writes (through the transaction handle its handler
+    /// receives) and the stream's checkpoint commit in one transaction of the backend:
+    /// exactly-once effects for writes into the same database. Requires `concurrency = 1` and a
+    /// backend with a [`crate::port::TransactionStore`]; see `docs/exactly-once.md`.
+    pub transactional: bool,
     /// Where the definition was written, for startup reports.
     pub source: SourceLocation,
 }

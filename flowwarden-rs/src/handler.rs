@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use crate::context::ChangeContext;
 use crate::definition::StreamDefinition;
 use crate::handler_error::{ErrorAction, HandlerError};
+use crate::port::HandleType;
 
 /// The future of one handler attempt.
 pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send + 'static>>;
@@ -66,6 +67,13 @@ pub trait StreamHandler: Send + Sync + 'static {
     fn key(&self, ctx: &ChangeContext<Self::Document>) -> Option<u64> {
         let _ = ctx;
         None
+    }
+
+    /// The transaction handle types the handlers take (`&Transaction` parameters of a
+    /// `transactional = true` stream), checked at startup against the backend's
+    /// [`crate::port::TransactionStore::handle_type`]. Empty by default.
+    fn transaction_types() -> Vec<HandleType> {
+        Vec::new()
     }
 }
 

@@ -26,6 +26,9 @@ pub enum HandlerErrorKind {
     MissingDocument,
     /// The handler asked to dead-letter the event (`ChangeContext::dead_letter`).
     DeadLetterRequested,
+    /// The handler's transaction (`transactional = true`) cannot commit as written (too large,
+    /// for example): running it again would fail the same way, so it is dead-lettered at once.
+    TransactionRejected,
 }
 
 impl HandlerErrorKind {

@@ -83,6 +83,8 @@ pub use definition::{
     LeaseConfig, OnHistoryLost, RestartConfig, ResumeStrategy, RetryConfig, SourceLocation,
     StartPosition, StreamDefinition,
 };
+#[cfg(feature = "test-util")]
+pub use engine::TransactionStep;
 pub use engine::{AnyStream, LagConfig};
 pub use event::{
     ChangeEvent, EventParseError, Namespace, OperationType, ResumeToken, SplitEvent,
@@ -93,7 +95,10 @@ pub use handler_error::{ErrorAction, HandlerError, HandlerErrorKind, IntoHandler
 #[cfg(all(feature = "memory", feature = "test-util"))]
 pub use memory::Faults;
 #[cfg(feature = "memory")]
-pub use memory::{MemoryBackend, MemoryCollection, MemoryError, UpdateOutcome};
+pub use memory::{
+    MemoryBackend, MemoryCollection, MemoryError, MemoryTransaction, MemoryTransactions,
+    UpdateOutcome,
+};
 pub use runtime::{
     builder, run, Builder, ControlError, DeadLetterError, DeadLetters, InstanceId, RunError,
     Runtime, RuntimeHandle, StartupError,

@@ -21,6 +21,28 @@ pub use crate::handler::{CollectionName, HandlerFuture, StreamHandler};
 pub use crate::handler_error::{ErrorAction, HandlerError, HandlerErrorKind, IntoHandlerResult};
 pub use crate::registry::Registration;
 
+pub use crate::port::{HandleType, TransactionHandleType};
+
+/// The handle of the attempt's transaction as `T`, for a handler's `&Transaction` parameter;
+/// a clear failure when there is none (the definition is not transactional, or the backend's
+/// handle is another type: the startup checks make both impossible for declared streams).
+pub fn transaction_handle<T: TransactionHandleType, D>(
+    ctx: &ChangeContext<D>,
+) -> Result<T, HandlerError> {
+    ctx.transaction::<T>().ok_or_else(|| {
+        HandlerError::msg(format!(
+            "stream '{}': the handler takes a `&{}` but {}",
+            ctx.stream_name(),
+            std::any::type_name::<T>(),
+            if ctx.in_transaction() {
+                "the backend's transaction handle is another type"
+            } else {
+                "no transaction is open for this event (is the stream `transactional = true`?)"
+            }
+        ))
+    })
+}
+
 /// Boxes an async handler attempt.
 pub fn run_async<F>(fut: F) -> HandlerFuture
 where

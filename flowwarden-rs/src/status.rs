@@ -78,6 +78,9 @@ pub enum HaltReason {
     /// Another live instance runs this `AllInstances` stream under the same checkpoint (no
     /// configured instance identity): sharing it would lose events silently.
     SharedCheckpoint,
+    /// Whether a `transactional = true` stream's commit applied is unknown, even after
+    /// retrying it: the restart's stored checkpoint decides.
+    TransactionOutcomeUnknown,
 }
 
 impl HaltReason {
@@ -95,6 +98,7 @@ impl HaltReason {
             Self::EventTooLarge => "docs/runbooks/event-too-large.md",
             Self::Fenced => "docs/runbooks/fenced.md",
             Self::SharedCheckpoint => "docs/runbooks/shared-checkpoint.md",
+            Self::TransactionOutcomeUnknown => "docs/runbooks/transaction-outcome-unknown.md",
         }
     }
 }
@@ -126,6 +130,11 @@ pub struct StreamCounters {
     pub checkpoints_saved: u64,
     /// Checkpoint writes that failed.
     pub checkpoint_failures: u64,
+    /// Transactions committed with their checkpoint (`transactional = true` streams).
+    pub transactions_committed: u64,
+    /// Transactions run again, handler included, after a transient error (nothing of the
+    /// failed run was committed).
+    pub transactions_retried: u64,
 }
 
 /// A snapshot of one stream's status.

@@ -163,6 +163,7 @@ impl ConformanceTarget for RedisTarget {
         let backend = Backend {
             checkpoints: Arc::new(checkpoints.clone()),
             leases: Some(leases),
+            transactions: None,
             // The source and the dead letters stay in memory.
             ..Backend::from(memory.clone())
         };
@@ -629,6 +630,7 @@ async fn a_single_leader_stream_checkpoints_into_redis_across_a_killed_connectio
     let backend = Backend {
         checkpoints: Arc::new(checkpoints.clone()),
         leases: Some(leases),
+        transactions: None,
         ..Backend::from(memory.clone())
     };
     let d = def("redis-leader", |d| {

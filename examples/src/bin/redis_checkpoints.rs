@@ -77,6 +77,7 @@ async fn run() -> Result<(), ExampleError> {
     let backend = Backend {
         checkpoints: Arc::new(checkpoints.clone()),
         leases: Some(leases.clone()),
+        transactions: None,
         ..Backend::from(memory.clone())
     };
     let runtime = flowwarden::builder()

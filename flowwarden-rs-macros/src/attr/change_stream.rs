@@ -27,6 +27,7 @@ pub(crate) struct ChangeStreamArgs {
     pub(crate) standby_poll_secs: Option<Spanned<u64>>,
     pub(crate) concurrency: Option<Spanned<u32>>,
     pub(crate) max_in_flight: Option<Spanned<u32>>,
+    pub(crate) transactional: Option<Spanned<bool>>,
     /// Every key written (valid spelling, not repeated), even when its value was rejected.
     pub(crate) written: Vec<&'static str>,
 }
@@ -88,6 +89,7 @@ impl ChangeStreamArgs {
                 }
                 CONCURRENCY => out.concurrency = value::integer::<u32>(cx, &arg, "8"),
                 MAX_IN_FLIGHT => out.max_in_flight = value::integer::<u32>(cx, &arg, "32"),
+                TRANSACTIONAL => out.transactional = value::boolean(cx, &arg),
                 _ => unreachable!("key {key} accepted but not read"),
             }
         }

@@ -184,6 +184,8 @@ pub(crate) struct Stream {
     pub(crate) restart: Restart,
     pub(crate) deployment: Deployment,
     pub(crate) concurrency: Concurrency,
+    /// `transactional = true`, with the span of its value.
+    pub(crate) transactional: Option<Span>,
     pub(crate) handlers: Vec<Handler>,
     pub(crate) pipeline: Option<Hook>,
     pub(crate) filter: Option<Hook>,
@@ -264,6 +266,11 @@ impl Stream {
             restart: companions.restart(),
             deployment,
             concurrency,
+            transactional: args
+                .transactional
+                .as_ref()
+                .filter(|t| t.value)
+                .map(|t| t.span),
             handlers: Vec::new(),
             pipeline: None,
             filter: None,

@@ -51,6 +51,8 @@ struct CountersView {
     history_lost: u64,
     checkpoints_saved: u64,
     checkpoint_failures: u64,
+    transactions_committed: u64,
+    transactions_retried: u64,
 }
 
 impl From<StreamCounters> for CountersView {
@@ -68,6 +70,8 @@ impl From<StreamCounters> for CountersView {
             history_lost: c.history_lost,
             checkpoints_saved: c.checkpoints_saved,
             checkpoint_failures: c.checkpoint_failures,
+            transactions_committed: c.transactions_committed,
+            transactions_retried: c.transactions_retried,
         }
     }
 }

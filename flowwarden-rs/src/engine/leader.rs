@@ -130,6 +130,7 @@ pub(super) async fn run_while_held(
         checkpoint_key: env.checkpoint_key.clone(),
         fence,
         instance: env.instance.clone(),
+        transactions: env.transactions.clone(),
     };
     stream.run(session_env).await
 }

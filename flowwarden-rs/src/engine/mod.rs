@@ -12,6 +12,7 @@ mod rng;
 pub(crate) mod snapshot;
 mod stream;
 pub(crate) mod tracker;
+pub(crate) mod transaction;
 mod worker;
 
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use crate::port::ChangeSource;
 use crate::port::CheckpointStore;
 use crate::port::DeadLetterStore;
 use crate::port::Fence;
+use crate::port::TransactionStore;
 use crate::status::{Halt, StatusCell};
 
 pub(crate) use checkpoint_guard::{guard_name, run_guarded};
@@ -32,6 +34,8 @@ pub(crate) use leader::run_single_leader;
 pub(crate) use rng::Rng;
 pub use stream::AnyStream;
 pub(crate) use stream::ErasedStream;
+#[cfg(feature = "test-util")]
+pub use transaction::TransactionStep;
 
 /// Engine settings shared by every stream of a runtime.
 #[derive(Debug, Clone)]
@@ -57,6 +61,13 @@ pub(crate) struct EngineOptions {
     /// Test-only: the rescan sabotage (see `Builder::snapshot_rescan_from_zero`).
     #[cfg(feature = "test-util")]
     pub(crate) snapshot_rescan_from_zero: bool,
+    /// Test-only: called at each step of a transactional attempt (see
+    /// `Builder::on_transaction_step`).
+    #[cfg(feature = "test-util")]
+    pub(crate) transaction_hook: Option<transaction::TransactionHook>,
+    /// Test-only: the non-atomic design (see `Builder::checkpoint_outside_transaction`).
+    #[cfg(feature = "test-util")]
+    pub(crate) checkpoint_outside_transaction: bool,
     /// Timing of the checkpoint guard of `AllInstances` streams without a configured identity.
     pub(crate) checkpoint_guard: LeaseConfig,
     /// How lag against the source's history is sampled and judged.
@@ -79,6 +90,9 @@ pub(crate) struct StreamEnv {
     pub(crate) fence: Option<Fence>,
     /// This instance's identity, stamped as the owner of every checkpoint it writes.
     pub(crate) instance: String,
+    /// The backend's transactions, for `transactional = true` streams (whose `checkpoints`
+    /// is then the store the commits write to).
+    pub(crate) transactions: Option<Arc<dyn TransactionStore>>,
 }
 
 /// How a stream task ended.

@@ -10,10 +10,11 @@ use futures::FutureExt;
 use tracing::{debug, error, warn};
 
 use super::metrics::StreamMetrics;
-use super::{EngineOptions, Rng};
+use super::{EngineOptions, Rng, StreamEnv};
 use crate::context::ChangeContext;
 use crate::definition::StreamDefinition;
 use crate::engine::tracker::Settlement;
+use crate::engine::transaction::{self, TransientRetries, TxnAttempt, TxnCx};
 use crate::event::ChangeEvent;
 use crate::handler::{HandlerFuture, StreamHandler};
 use crate::handler_error::{ErrorAction, HandlerError, HandlerErrorKind};
@@ -25,8 +26,13 @@ use crate::status::{Halt, HaltReason, StatusCell};
 /// The result of processing one event.
 #[derive(Debug)]
 pub(crate) enum EventOutcome {
-    /// Settled; the checkpoint may move past it.
-    Settled { how: Settlement, save_now: bool },
+    /// Settled; the checkpoint may move past it. `committed`: the event's transaction
+    /// committed with the checkpoint of [`ProcessCx::txn`] (it is stored already).
+    Settled {
+        how: Settlement,
+        save_now: bool,
+        committed: bool,
+    },
     /// The stream must halt; the event stays unsettled.
     Halt(Halt),
 }
@@ -39,6 +45,30 @@ pub(crate) struct ProcessCx<'a> {
     pub(crate) metrics: &'a StreamMetrics,
     pub(crate) status: &'a StatusCell,
     pub(crate) fence: Option<&'a Fence>,
+    /// For `transactional = true` streams: each attempt runs in a transaction that commits
+    /// the handler's writes with this checkpoint.
+    pub(crate) txn: Option<TxnCx<'a>>,
+}
+
+impl<'a> ProcessCx<'a> {
+    /// The context of one stream's processing: its dead-letter store, options, metrics,
+    /// status and fence, and the transaction of a transactional event.
+    pub(crate) fn new(
+        def: &'static StreamDefinition,
+        env: &'a StreamEnv,
+        metrics: &'a StreamMetrics,
+        txn: Option<TxnCx<'a>>,
+    ) -> Self {
+        Self {
+            def,
+            dead_letters: env.dead_letters.as_ref(),
+            options: &env.options,
+            metrics,
+            status: &env.status,
+            fence: env.fence.as_ref(),
+            txn,
+        }
+    }
 }
 
 /// Runs a handler attempt, turning a panic into a failure.
@@ -134,6 +164,7 @@ pub(crate) async fn process_event<H: StreamHandler>(
 
     let mut attempt: u32 = 1;
     let mut first_failure: Option<DateTime> = None;
+    let mut transient = TransientRetries::default();
     loop {
         ctx.set_attempt(attempt);
         let result = match call_filter(&**handler, &ctx) {
@@ -143,18 +174,58 @@ pub(crate) async fn process_event<H: StreamHandler>(
                 return EventOutcome::Settled {
                     how: Settlement::Filtered,
                     save_now: false,
+                    committed: false,
                 };
             }
-            Ok(true) => match H::handle(handler.clone(), ctx.clone()) {
-                None => {
-                    debug!(stream = name, operation = %event.operation_type(), "no handler for this operation type");
-                    cx.metrics.unrouted.increment(1);
-                    cx.status.update(|s| s.counters.unrouted += 1);
-                    return EventOutcome::Settled {
-                        how: Settlement::Unrouted,
-                        save_now: false,
-                    };
+            Ok(true) if cx.txn.is_some() => {
+                let Some(txn) = cx.txn.as_ref() else {
+                    unreachable!("checked by the guard");
+                };
+                match transaction::attempt(handler, &ctx, txn, cx.metrics).await {
+                    TxnAttempt::Committed => {
+                        cx.metrics.handled.increment(1);
+                        cx.status.update(|s| {
+                            s.counters.handled += 1;
+                            s.counters.transactions_committed += 1;
+                        });
+                        return EventOutcome::Settled {
+                            how: Settlement::Handled,
+                            save_now: false,
+                            committed: true,
+                        };
+                    }
+                    TxnAttempt::Unrouted => return unrouted(&event, cx),
+                    TxnAttempt::Halt(h) => return EventOutcome::Halt(h),
+                    TxnAttempt::Failed(e) => Err(e),
+                    TxnAttempt::Retry {
+                        message,
+                        unavailable,
+                    } => match transient.next_delay(rng.next_f64()) {
+                        Some(delay) => {
+                            transaction::log_retry(name, ctx.event_id().as_str(), &message, delay);
+                            cx.status.update(|s| s.counters.transactions_retried += 1);
+                            tokio::time::sleep(delay).await;
+                            continue;
+                        }
+                        None if unavailable => {
+                            let halt = Halt::new(HaltReason::SourceUnavailable, format!(
+                                "stream '{name}': the transaction of event {} could not run for {} s ({message}); nothing was committed and the event will be delivered again on restart",
+                                ctx.event_id(),
+                                transaction::TRANSIENT_RETRY_WINDOW.as_secs()
+                            ));
+                            error!(stream = name, "{halt}");
+                            return EventOutcome::Halt(halt);
+                        }
+                        None => Err(HandlerError::msg(format!(
+                            "the transaction kept failing with transient errors for {} s ({} runs); last: {message}",
+                            transaction::TRANSIENT_RETRY_WINDOW.as_secs(),
+                            transient.count() + 1
+                        ))),
+                    },
                 }
+            }
+            Ok(true) => match H::handle(handler.clone(), ctx.clone()) {
+                None => return unrouted(&event, cx),
                 Some(fut) => {
                     let started = tokio::time::Instant::now();
                     let r = catch_panic(fut).await;
@@ -175,6 +246,7 @@ pub(crate) async fn process_event<H: StreamHandler>(
                     return EventOutcome::Settled {
                         how: Settlement::Handled,
                         save_now: ctx.take_save_request(),
+                        committed: false,
                     };
                 }
                 Some(reason) => {
@@ -210,6 +282,7 @@ pub(crate) async fn process_event<H: StreamHandler>(
                 return EventOutcome::Settled {
                     how: Settlement::Skipped,
                     save_now: false,
+                    committed: false,
                 };
             }
             ErrorAction::Halt => {
@@ -223,6 +296,17 @@ pub(crate) async fn process_event<H: StreamHandler>(
                 ));
             }
         }
+    }
+}
+
+fn unrouted(event: &ChangeEvent, cx: &ProcessCx<'_>) -> EventOutcome {
+    debug!(stream = cx.def.name, operation = %event.operation_type(), "no handler for this operation type");
+    cx.metrics.unrouted.increment(1);
+    cx.status.update(|s| s.counters.unrouted += 1);
+    EventOutcome::Settled {
+        how: Settlement::Unrouted,
+        save_now: false,
+        committed: false,
     }
 }
 
@@ -275,6 +359,7 @@ async fn dead_letter_at(
                 return EventOutcome::Settled {
                     how: Settlement::DeadLettered,
                     save_now: false,
+                    committed: false,
                 };
             }
             Err(e) if e.kind == StoreErrorKind::Fenced => {

@@ -140,6 +140,7 @@ mod tests {
             restart: RestartConfig::DEFAULT,
             deployment: crate::definition::Deployment::AllInstances,
             concurrency: crate::ConcurrencyConfig::DEFAULT,
+            transactional: false,
             source: SourceLocation { file: "f", line: 1 },
         }
     }

@@ -7,12 +7,15 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
+use super::metrics::StreamMetrics;
+use super::transaction::{self, TxnAttempt, TxnCx};
 use super::{process, worker, StreamEnv, StreamExit};
 use crate::context::ChangeContext;
 use crate::definition::StreamDefinition;
 use crate::event::ChangeEvent;
 use crate::handler::StreamHandler;
 use crate::handler_error::{HandlerError, HandlerErrorKind};
+use crate::port::{HandleType, TransactionStore};
 
 /// A stream instance with its handler type erased, ready for the runtime.
 #[derive(Clone)]
@@ -57,7 +60,15 @@ impl std::fmt::Debug for AnyStream {
 pub(crate) trait ErasedStream: Send + Sync + 'static {
     fn definition(&self) -> &'static StreamDefinition;
     fn run(&self, env: StreamEnv) -> BoxFuture<'static, StreamExit>;
-    fn replay(&self, raw: bson::Document) -> BoxFuture<'static, Result<(), HandlerError>>;
+    /// Runs a dead letter's event through the filter and handler once; inside a transaction
+    /// of `transactions` (without a checkpoint) for a transactional stream.
+    fn replay(
+        &self,
+        raw: bson::Document,
+        transactions: Option<Arc<dyn TransactionStore>>,
+    ) -> BoxFuture<'static, Result<(), HandlerError>>;
+    /// The transaction handle types the handlers take.
+    fn transaction_types(&self) -> Vec<HandleType>;
 }
 
 /// The typed side of [`ErasedStream`].
@@ -84,7 +95,15 @@ impl<H: StreamHandler> ErasedStream for TypedStream<H> {
         worker::run_stream(self.handler.clone(), self.def, env).boxed()
     }
 
-    fn replay(&self, raw: bson::Document) -> BoxFuture<'static, Result<(), HandlerError>> {
+    fn transaction_types(&self) -> Vec<HandleType> {
+        H::transaction_types()
+    }
+
+    fn replay(
+        &self,
+        raw: bson::Document,
+        transactions: Option<Arc<dyn TransactionStore>>,
+    ) -> BoxFuture<'static, Result<(), HandlerError>> {
         let handler = self.handler.clone();
         let name = self.def.name;
         async move {
@@ -95,6 +114,23 @@ impl<H: StreamHandler> ErasedStream for TypedStream<H> {
             let ctx = Arc::new(ctx);
             if !process::call_filter(&*handler, &ctx)? {
                 return Ok(());
+            }
+            if let Some(store) = &transactions {
+                let txn = TxnCx {
+                    store,
+                    checkpoint: None,
+                    #[cfg(feature = "test-util")]
+                    hook: None,
+                };
+                let metrics = StreamMetrics::new(name);
+                return match transaction::attempt(&handler, &ctx, &txn, &metrics).await {
+                    TxnAttempt::Committed | TxnAttempt::Unrouted => Ok(()),
+                    TxnAttempt::Failed(e) => Err(e),
+                    TxnAttempt::Retry { message, .. } => Err(HandlerError::msg(format!(
+                        "{message}; nothing was committed, replay again"
+                    ))),
+                    TxnAttempt::Halt(h) => Err(HandlerError::msg(h.message)),
+                };
             }
             match H::handle(handler, ctx) {
                 Some(fut) => process::catch_panic(fut).await,

@@ -45,7 +45,7 @@ impl Ticket {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Pending {
     seq: u64,
     position: StoredPosition,
@@ -53,7 +53,7 @@ struct Pending {
 }
 
 /// Tracks positions from receipt to settlement and yields what may be checkpointed.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Tracker {
     pending: VecDeque<Pending>,
     next_seq: u64,

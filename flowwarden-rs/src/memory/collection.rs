@@ -12,7 +12,7 @@ use crate::matcher::update::{apply_update, is_operator_update, validate_replacem
 use crate::matcher::{Filter, MatchError};
 
 /// Documents of one collection, by `_id`.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Coll {
     /// Shared with the oplog entries that carry them as post- or pre-images: one copy each.
     docs: BTreeMap<String, Arc<Document>>,
@@ -34,6 +34,10 @@ pub enum MemoryError {
     /// The filter or update is not valid.
     #[error(transparent)]
     Match(#[from] MatchError),
+    /// A write through a [`super::MemoryTransaction`] after the transaction was committed or
+    /// aborted (a handler kept the handle past its return).
+    #[error("the transaction was {0}; a write through it is refused")]
+    TransactionEnded(&'static str),
 }
 
 /// What an update matched and changed.
@@ -53,6 +57,16 @@ fn id_key(id: &Bson) -> String {
         Bson::Int64(i) => format!("n:{i}"),
         other => format!("{other:?}"),
     }
+}
+
+/// `doc` with an `_id` first: its own, or a new `ObjectId`.
+pub(crate) fn with_id(doc: Document) -> Document {
+    if doc.contains_key("_id") {
+        return doc;
+    }
+    let mut with_id = doc! { "_id": ObjectId::new() };
+    with_id.extend(doc);
+    with_id
 }
 
 /// A handle on one collection of a [`MemoryBackend`].
@@ -93,35 +107,9 @@ impl MemoryCollection {
     }
 
     /// Inserts a document (an `_id` is added when missing); returns its `_id`.
-    pub fn insert_one(&self, mut doc: Document) -> Result<Bson, MemoryError> {
-        if !doc.contains_key("_id") {
-            let mut with_id = doc! { "_id": ObjectId::new() };
-            with_id.extend(doc);
-            doc = with_id;
-        }
-        let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-        self.write(|st, db, coll, wall| {
-            let c = st
-                .collections
-                .entry((db.to_owned(), coll.to_owned()))
-                .or_default();
-            let key = id_key(&id);
-            if c.docs.contains_key(&key) {
-                return Err(MemoryError::DuplicateKey(id.to_string()));
-            }
-            let doc = Arc::new(doc);
-            c.docs.insert(key, doc.clone());
-            st.append(
-                db,
-                coll,
-                OpKind::Insert,
-                Some(doc! {"_id": id.clone()}),
-                Some(doc),
-                None,
-                wall,
-            );
-            Ok(id)
-        })
+    pub fn insert_one(&self, doc: Document) -> Result<Bson, MemoryError> {
+        let doc = with_id(doc);
+        self.write(|st, db, coll, wall| st.insert_doc(db, coll, doc, wall))
     }
 
     /// Inserts several documents in order; stops at the first error.
@@ -157,98 +145,10 @@ impl MemoryCollection {
         upsert: bool,
     ) -> Result<UpdateOutcome, MemoryError> {
         let f = Filter::parse(&filter)?;
-        let replacement = !is_operator_update(&update);
-        if replacement {
+        if !is_operator_update(&update) {
             validate_replacement(&update)?;
         }
-        self.write(|st, db, coll, wall| {
-            let ns = (db.to_owned(), coll.to_owned());
-            let found = st.collections.get(&ns).and_then(|c| {
-                c.docs
-                    .iter()
-                    .find(|(_, d)| f.matches(d))
-                    .map(|(k, d)| (k.clone(), d.clone()))
-            });
-            match found {
-                Some((key, before)) => {
-                    let mut after = (*before).clone();
-                    let changes = apply_update(&mut after, &update, false)?;
-                    if replacement {
-                        if let Some(id) = before.get("_id") {
-                            let mut with_id = doc! {"_id": id.clone()};
-                            with_id.extend(after.into_iter().filter(|(k, _)| k != "_id"));
-                            after = with_id;
-                        }
-                    }
-                    if after == *before {
-                        return Ok(UpdateOutcome {
-                            matched: 1,
-                            modified: 0,
-                            upserted: false,
-                        });
-                    }
-                    let id = before.get("_id").cloned().unwrap_or(Bson::Null);
-                    let after = Arc::new(after);
-                    if let Some(c) = st.collections.get_mut(&ns) {
-                        c.docs.insert(key, after.clone());
-                    }
-                    let kind = if replacement {
-                        OpKind::Replace
-                    } else {
-                        OpKind::Update(changes)
-                    };
-                    st.append(
-                        db,
-                        coll,
-                        kind,
-                        Some(doc! {"_id": id}),
-                        Some(after),
-                        Some(before),
-                        wall,
-                    );
-                    Ok(UpdateOutcome {
-                        matched: 1,
-                        modified: 1,
-                        upserted: false,
-                    })
-                }
-                None if upsert => {
-                    let mut doc = f.equality_seed();
-                    apply_update(&mut doc, &update, true)?;
-                    if !doc.contains_key("_id") {
-                        let mut with_id = doc! { "_id": ObjectId::new() };
-                        with_id.extend(doc);
-                        doc = with_id;
-                    }
-                    let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-                    let doc = Arc::new(doc);
-                    st.collections
-                        .entry(ns)
-                        .or_default()
-                        .docs
-                        .insert(id_key(&id), doc.clone());
-                    st.append(
-                        db,
-                        coll,
-                        OpKind::Insert,
-                        Some(doc! {"_id": id}),
-                        Some(doc),
-                        None,
-                        wall,
-                    );
-                    Ok(UpdateOutcome {
-                        matched: 0,
-                        modified: 0,
-                        upserted: true,
-                    })
-                }
-                None => Ok(UpdateOutcome {
-                    matched: 0,
-                    modified: 0,
-                    upserted: false,
-                }),
-            }
-        })
+        self.write(|st, db, coll, wall| st.update_doc(db, coll, &f, &update, upsert, wall))
     }
 
     /// Replaces the first matching document (its `_id` is kept).
@@ -264,34 +164,7 @@ impl MemoryCollection {
     /// Deletes the first matching document; returns how many were deleted (0 or 1).
     pub fn delete_one(&self, filter: Document) -> Result<u64, MemoryError> {
         let f = Filter::parse(&filter)?;
-        self.write(|st, db, coll, wall| {
-            let ns = (db.to_owned(), coll.to_owned());
-            let Some(c) = st.collections.get_mut(&ns) else {
-                return Ok(0);
-            };
-            let Some(key) = c
-                .docs
-                .iter()
-                .find(|(_, d)| f.matches(d))
-                .map(|(k, _)| k.clone())
-            else {
-                return Ok(0);
-            };
-            let Some(before) = c.docs.remove(&key) else {
-                return Ok(0);
-            };
-            let id = before.get("_id").cloned().unwrap_or(Bson::Null);
-            st.append(
-                db,
-                coll,
-                OpKind::Delete,
-                Some(doc! {"_id": id}),
-                None,
-                Some(before),
-                wall,
-            );
-            Ok(1)
-        })
+        self.write(|st, db, coll, wall| st.delete_doc(db, coll, &f, wall))
     }
 
     /// The matching documents, ordered by `_id`.
@@ -357,6 +230,153 @@ impl MemoryCollection {
 }
 
 impl State {
+    /// Inserts `doc` (which has an `_id`) and logs it; refuses a taken `_id`.
+    pub(crate) fn insert_doc(
+        &mut self,
+        db: &str,
+        coll: &str,
+        doc: Document,
+        wall: bson::DateTime,
+    ) -> Result<Bson, MemoryError> {
+        let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+        let c = self
+            .collections
+            .entry((db.to_owned(), coll.to_owned()))
+            .or_default();
+        let key = id_key(&id);
+        if c.docs.contains_key(&key) {
+            return Err(MemoryError::DuplicateKey(id.to_string()));
+        }
+        let doc = Arc::new(doc);
+        c.docs.insert(key, doc.clone());
+        self.append(
+            db,
+            coll,
+            OpKind::Insert,
+            Some(doc! {"_id": id.clone()}),
+            Some(doc),
+            None,
+            wall,
+        );
+        Ok(id)
+    }
+
+    /// Applies an operator update or a replacement (already validated) to the first document
+    /// matching `f`, inserting one when none does and `upsert` is set, and logs the change.
+    pub(crate) fn update_doc(
+        &mut self,
+        db: &str,
+        coll: &str,
+        f: &Filter,
+        update: &Document,
+        upsert: bool,
+        wall: bson::DateTime,
+    ) -> Result<UpdateOutcome, MemoryError> {
+        let replacement = !is_operator_update(update);
+        let ns = (db.to_owned(), coll.to_owned());
+        let found = self.collections.get(&ns).and_then(|c| {
+            c.docs
+                .iter()
+                .find(|(_, d)| f.matches(d))
+                .map(|(k, d)| (k.clone(), d.clone()))
+        });
+        match found {
+            Some((key, before)) => {
+                let mut after = (*before).clone();
+                let changes = apply_update(&mut after, update, false)?;
+                if replacement {
+                    if let Some(id) = before.get("_id") {
+                        let mut with_id = doc! {"_id": id.clone()};
+                        with_id.extend(after.into_iter().filter(|(k, _)| k != "_id"));
+                        after = with_id;
+                    }
+                }
+                if after == *before {
+                    return Ok(UpdateOutcome {
+                        matched: 1,
+                        modified: 0,
+                        upserted: false,
+                    });
+                }
+                let id = before.get("_id").cloned().unwrap_or(Bson::Null);
+                let after = Arc::new(after);
+                if let Some(c) = self.collections.get_mut(&ns) {
+                    c.docs.insert(key, after.clone());
+                }
+                let kind = if replacement {
+                    OpKind::Replace
+                } else {
+                    OpKind::Update(changes)
+                };
+                self.append(
+                    db,
+                    coll,
+                    kind,
+                    Some(doc! {"_id": id}),
+                    Some(after),
+                    Some(before),
+                    wall,
+                );
+                Ok(UpdateOutcome {
+                    matched: 1,
+                    modified: 1,
+                    upserted: false,
+                })
+            }
+            None if upsert => {
+                let mut doc = f.equality_seed();
+                apply_update(&mut doc, update, true)?;
+                self.insert_doc(db, coll, with_id(doc), wall)?;
+                Ok(UpdateOutcome {
+                    matched: 0,
+                    modified: 0,
+                    upserted: true,
+                })
+            }
+            None => Ok(UpdateOutcome {
+                matched: 0,
+                modified: 0,
+                upserted: false,
+            }),
+        }
+    }
+
+    /// Deletes the first document matching `f` and logs it; returns how many were deleted.
+    pub(crate) fn delete_doc(
+        &mut self,
+        db: &str,
+        coll: &str,
+        f: &Filter,
+        wall: bson::DateTime,
+    ) -> Result<u64, MemoryError> {
+        let ns = (db.to_owned(), coll.to_owned());
+        let Some(c) = self.collections.get_mut(&ns) else {
+            return Ok(0);
+        };
+        let Some(key) = c
+            .docs
+            .iter()
+            .find(|(_, d)| f.matches(d))
+            .map(|(k, _)| k.clone())
+        else {
+            return Ok(0);
+        };
+        let Some(before) = c.docs.remove(&key) else {
+            return Ok(0);
+        };
+        let id = before.get("_id").cloned().unwrap_or(Bson::Null);
+        self.append(
+            db,
+            coll,
+            OpKind::Delete,
+            Some(doc! {"_id": id}),
+            None,
+            Some(before),
+            wall,
+        );
+        Ok(1)
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn append(
         &mut self,

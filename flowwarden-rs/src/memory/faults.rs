@@ -11,6 +11,7 @@ use super::MemoryBackend;
 use crate::port::SourceError;
 #[cfg(feature = "test-util")]
 use crate::port::SourceErrorKind;
+use crate::port::TransactionErrorKind;
 
 #[cfg(feature = "test-util")]
 #[derive(Debug, Default)]
@@ -28,6 +29,7 @@ pub(crate) struct FaultState {
     pub(crate) dead_letter_put_failures: u32,
     pub(crate) frozen_lease_owners: std::collections::BTreeSet<String>,
     pub(crate) opens: u64,
+    pub(crate) fail_commits: VecDeque<TransactionErrorKind>,
 }
 
 /// Without `test-util` there is no fault state: every hook below answers "no fault".
@@ -145,6 +147,14 @@ impl FaultState {
             return true;
         }
         false
+    }
+
+    /// An injected failure of this transaction commit, if any.
+    pub(crate) fn commit_fails(&mut self) -> Option<TransactionErrorKind> {
+        #[cfg(feature = "test-util")]
+        return self.fail_commits.pop_front();
+        #[cfg(not(feature = "test-util"))]
+        None
     }
 
     /// Whether renewals of `owner` are frozen.
@@ -288,7 +298,15 @@ impl Faults {
             f.checkpoint_load_failures = 0;
             f.checkpoint_save_delay = None;
             f.dead_letter_put_failures = 0;
+            f.fail_commits.clear();
         });
+    }
+
+    /// Fails the next `n` transaction commits (`transactional = true` streams) with `kind`.
+    /// [`TransactionErrorKind::CommitUnknown`] commits first and then reports the failure (the
+    /// reply was lost after the commit applied); every other kind commits nothing.
+    pub fn fail_next_commits(&self, n: usize, kind: TransactionErrorKind) {
+        self.with(|f| f.fail_commits.extend(std::iter::repeat_n(kind, n)));
     }
 
     /// How many cursors were opened so far (to assert re-opens).

@@ -11,6 +11,7 @@ mod leases;
 mod oplog;
 mod scan;
 mod stores;
+mod transactions;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -23,6 +24,7 @@ pub use collection::{MemoryCollection, MemoryError, UpdateOutcome};
 #[cfg(feature = "test-util")]
 pub use faults::Faults;
 use oplog::Entry;
+pub use transactions::{MemoryTransaction, MemoryTransactions};
 
 use crate::backend::Backend;
 
@@ -215,6 +217,7 @@ impl From<MemoryBackend> for Backend {
             source: m.clone(),
             checkpoints: m.clone(),
             dead_letters: Some(m.clone()),
+            transactions: Some(Arc::new(MemoryTransactions::new((*m).clone()))),
             leases: Some(m),
         }
     }

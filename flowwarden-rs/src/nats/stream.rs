@@ -38,6 +38,7 @@ impl<T: DeserializeOwned + Send + Sync + 'static> StreamHandler for BridgeStream
             restart: RestartConfig::DEFAULT,
             deployment: Deployment::AllInstances,
             concurrency: crate::ConcurrencyConfig::DEFAULT,
+            transactional: false,
             source: SourceLocation {
                 file: file!(),
                 line: line!(),

@@ -1,7 +1,8 @@
 //! The port: everything a backend implements, and the models it stores.
 //!
 //! A backend is a [`crate::Backend`]: a [`ChangeSource`] (where events come from), a
-//! [`CheckpointStore`], and optionally a [`DeadLetterStore`] and a [`LeaseStore`]. Each
+//! [`CheckpointStore`], and optionally a [`DeadLetterStore`], a [`LeaseStore`] and a
+//! [`TransactionStore`] (for `transactional = true` streams). Each
 //! store speaks in the models of this module ([`Checkpoint`], [`DeadLetterRecord`],
 //! [`Lease`]) and fails with a [`StoreError`] whose [`StoreErrorKind`] tells the engine what
 //! to do. The BSON form of the models is in [`codec`], for backends that store documents.
@@ -19,6 +20,7 @@ mod lease;
 mod scan;
 mod source;
 mod store_error;
+mod transaction;
 
 pub use checkpoint::{
     Checkpoint, CheckpointParseError, CheckpointStore, SnapshotProgress, StoredPosition,
@@ -37,3 +39,7 @@ pub use source::{
     SourceErrorKind, SourceItem, StartAt, WatchSpec,
 };
 pub use store_error::{StoreError, StoreErrorKind};
+pub use transaction::{
+    HandleType, StreamTransaction, TransactionError, TransactionErrorKind, TransactionHandle,
+    TransactionHandleType, TransactionStore, DEFAULT_TRANSACTION_LIFETIME,
+};

@@ -28,6 +28,7 @@
 //! let backend = flowwarden::Backend {
 //!     checkpoints: Arc::new(RedisCheckpointStore::new(&redis)),
 //!     leases: Some(Arc::new(RedisLeaseStore::new(&redis))),
+//!     transactions: None,
 //!     ..flowwarden::Backend::from(memory)
 //! };
 //! # let _ = backend; Ok(()) }

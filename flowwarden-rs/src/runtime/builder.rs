@@ -67,6 +67,10 @@ impl Builder {
                 snapshot_start_after_scan: false,
                 #[cfg(feature = "test-util")]
                 snapshot_rescan_from_zero: false,
+                #[cfg(feature = "test-util")]
+                transaction_hook: None,
+                #[cfg(feature = "test-util")]
+                checkpoint_outside_transaction: false,
                 checkpoint_guard: LeaseConfig::DEFAULT,
                 lag: LagConfig::default(),
             },
@@ -220,6 +224,34 @@ impl Builder {
     #[cfg(feature = "test-util")]
     pub fn snapshot_rescan_from_zero(mut self, on: bool) -> Self {
         self.options.snapshot_rescan_from_zero = on;
+        self
+    }
+
+    /// Test-only (feature `test-util`): runs `hook` at each step of a transactional attempt
+    /// (before the commit is sent, after it returned) and awaits the future it returns, so a
+    /// test can crash the process there (or hold the stream there while it crashes the
+    /// runtime).
+    #[cfg(feature = "test-util")]
+    pub fn on_transaction_step(
+        mut self,
+        hook: impl Fn(crate::TransactionStep) -> futures::future::BoxFuture<'static, ()>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        self.options.transaction_hook = Some(crate::engine::transaction::TransactionHook(
+            std::sync::Arc::new(hook),
+        ));
+        self
+    }
+
+    /// Test-only (feature `test-util`): the non-atomic design a transactional stream must not
+    /// have: the handler's writes commit without the checkpoint, which is written afterwards
+    /// like any other (every `save_every_n`), so a crash in between applies the writes twice.
+    /// For tests that prove their exactly-once checker catches it.
+    #[cfg(feature = "test-util")]
+    pub fn checkpoint_outside_transaction(mut self, on: bool) -> Self {
+        self.options.checkpoint_outside_transaction = on;
         self
     }
 

@@ -47,9 +47,8 @@ impl DeadLetters {
             .get(id)
             .await?
             .ok_or_else(|| DeadLetterError::NotFound(id.into()))?;
-        let stream = self
-            .handle
-            .inner
+        let inner = &self.handle.inner;
+        let stream = inner
             .lock_slots()
             .get(record.stream.as_str())
             .map(|s| s.stream.clone())
@@ -57,7 +56,16 @@ impl DeadLetters {
                 id: id.into(),
                 stream: record.stream.clone(),
             })?;
-        match stream.inner.replay(record.event.clone()).await {
+        let transactions = stream
+            .definition()
+            .transactional
+            .then(|| inner.backend.transactions.clone())
+            .flatten();
+        match stream
+            .inner
+            .replay(record.event.clone(), transactions)
+            .await
+        {
             Ok(()) => {
                 store.set_status(id, DeadLetterStatus::Replayed).await?;
                 info!(stream = %record.stream, id, "dead letter replayed");

@@ -129,15 +129,22 @@ fn check_definition(def: &StreamDefinition) -> Vec<String> {
     if def.restart.initial_delay_ms == 0 {
         p.push(format!("{at}: restart initial_delay_ms must not be 0"));
     }
+    if def.transactional && def.concurrency.concurrency() > 1 {
+        p.push(format!(
+            "{at}: `transactional = true` handles one event at a time (each event's writes commit with the checkpoint that moves past it); remove `concurrency = {}`",
+            def.concurrency.concurrency
+        ));
+    }
     p
 }
 
-/// Every `SingleLeader` stream needs a lease store.
+/// Every `SingleLeader` stream needs a lease store; every transactional stream a transaction
+/// store whose handle type its handlers take.
 pub(super) fn check_deployments(
     streams: &[AnyStream],
     backend: &Backend,
 ) -> Result<(), StartupError> {
-    let problems: Vec<String> = streams
+    let mut problems: Vec<String> = streams
         .iter()
         .map(|s| s.definition())
         .filter(|d| matches!(d.deployment, Deployment::SingleLeader(_)) && backend.leases.is_none())
@@ -148,6 +155,27 @@ pub(super) fn check_deployments(
             )
         })
         .collect();
+    for s in streams.iter().filter(|s| s.definition().transactional) {
+        let name = s.definition().name;
+        let Some(store) = &backend.transactions else {
+            problems.push(format!(
+                "stream '{name}' is transactional but the backend offers no transactions: use MongoDB (a replica set) or the in-memory backend, whose transaction stores keep the checkpoint with the handler's writes (docs/exactly-once.md)"
+            ));
+            continue;
+        };
+        let offered = store.handle_type();
+        for wanted in s.inner.transaction_types() {
+            if wanted != offered {
+                problems.push(format!(
+                    "stream '{name}' takes a `&{}` but the backend's transactions ({}) hand out `{}`: take `&{}` in its handlers",
+                    wanted.name,
+                    store.describe(),
+                    offered.name,
+                    offered.name
+                ));
+            }
+        }
+    }
     if problems.is_empty() {
         Ok(())
     } else {

@@ -112,9 +112,18 @@ impl Inner {
             }
             _ => def.name.to_owned(),
         };
+        // A transactional stream keeps its checkpoint where its transactions commit it.
+        let transactions = def
+            .transactional
+            .then(|| self.backend.transactions.clone())
+            .flatten();
+        let checkpoints = transactions
+            .as_ref()
+            .map_or_else(|| self.backend.checkpoints.clone(), |t| t.checkpoints());
         let env = StreamEnv {
             source: self.backend.source.clone(),
-            checkpoints: self.backend.checkpoints.clone(),
+            checkpoints,
+            transactions,
             dead_letters: self.backend.dead_letters.clone(),
             status: slot.status.clone(),
             probe: slot.probe.clone(),

@@ -36,6 +36,7 @@ static DEF: StreamDefinition = StreamDefinition {
     },
     deployment: flowwarden::Deployment::AllInstances,
     concurrency: flowwarden::ConcurrencyConfig::DEFAULT,
+    transactional: false,
     source: SourceLocation {
         file: file!(),
         line: line!(),

@@ -158,6 +158,7 @@ pub static PROBE_DEF: StreamDefinition = StreamDefinition {
     restart: RestartConfig::DEFAULT,
     deployment: flowwarden::Deployment::AllInstances,
     concurrency: flowwarden::ConcurrencyConfig::DEFAULT,
+    transactional: false,
     source: SourceLocation {
         file: file!(),
         line: line!(),

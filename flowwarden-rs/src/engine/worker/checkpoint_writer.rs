@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use bson::DateTime;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::Worker;
-use crate::engine::tracker::Tracker;
+use crate::engine::tracker::{Settlement, Ticket, Tracker};
 use crate::engine::StreamExit;
 use crate::handler::StreamHandler;
 use crate::port::Fence;
@@ -28,13 +28,17 @@ pub(super) struct Progress {
     pub(super) status: Arc<StatusCell>,
     pub(super) saved: metrics::Counter,
     pub(super) failed: metrics::Counter,
+    /// Set when a transaction of this stream may have committed without the runtime knowing
+    /// (its commit's outcome is unknown, or it was abandoned mid-attempt by a stop): the
+    /// stored checkpoint may then be ahead of the tracker, and no plain write may put it back.
+    pub(super) frozen: bool,
 }
 
 impl Progress {
     /// Writes the settled prefix if it moved since the last write. A failed write is logged
     /// and retried at the next opportunity; a fenced write halts the stream.
     pub(super) async fn save(&mut self) -> Result<(), Halt> {
-        if !self.tracker.is_dirty() {
+        if !self.tracker.is_dirty() || self.frozen {
             return Ok(());
         }
         let checkpoint = self.tracker.snapshot(&self.key, DateTime::now());
@@ -44,23 +48,61 @@ impl Progress {
         Ok(())
     }
 
-    /// Writes `checkpoint` stamped with the writer's identity and epoch; `Ok(false)` when the
-    /// store refused it for a reason other than fencing (logged and counted: the caller keeps
-    /// the progress and writes it at the next opportunity); a fenced write halts the stream.
-    pub(super) async fn write(&mut self, mut checkpoint: Checkpoint) -> Result<bool, Halt> {
-        let name = self.name;
+    /// Stamps `checkpoint` with the writer's identity and, for a leader, its epoch.
+    pub(super) fn stamp(&self, checkpoint: &mut Checkpoint) {
         checkpoint.owner = Some(self.owner.clone());
         if let Some(f) = &self.fence {
             checkpoint.owner = Some(f.owner.clone());
             checkpoint.epoch = Some(f.epoch);
         }
+    }
+
+    /// The checkpoint as it will stand once the event of `ticket` is settled as handled (the
+    /// one a transactional event commits with its writes), stamped.
+    pub(super) fn preview_handled(&self, ticket: Ticket) -> Checkpoint {
+        let mut after = self.tracker.clone();
+        after.settle(ticket, Settlement::Handled);
+        let mut checkpoint = after.snapshot(&self.key, DateTime::now());
+        self.stamp(&mut checkpoint);
+        checkpoint
+    }
+
+    /// Stops every further plain checkpoint write of this run (see [`Progress::frozen`]).
+    pub(super) fn freeze(&mut self) {
+        if !self.frozen {
+            warn!(stream = self.name, "a transaction's outcome is unknown to this run: no further checkpoint is written until the stream restarts from the stored one");
+        }
+        self.frozen = true;
+    }
+
+    /// Records a checkpoint stored by a transaction's commit: the tracker's settled prefix
+    /// (already settled by the caller) is what it holds.
+    pub(super) fn committed(&mut self, checkpoint: Checkpoint) {
+        self.tracker.mark_saved();
+        self.recorded(checkpoint);
+    }
+
+    fn recorded(&self, checkpoint: Checkpoint) {
+        self.saved.increment(1);
+        self.status.update(|s| {
+            s.counters.checkpoints_saved += 1;
+            s.checkpoint = Some(checkpoint);
+        });
+    }
+
+    /// Writes `checkpoint` stamped with the writer's identity and epoch; `Ok(false)` when the
+    /// store refused it for a reason other than fencing (logged and counted: the caller keeps
+    /// the progress and writes it at the next opportunity); a fenced write halts the stream.
+    pub(super) async fn write(&mut self, mut checkpoint: Checkpoint) -> Result<bool, Halt> {
+        let name = self.name;
+        if self.frozen {
+            debug!(stream = name, "checkpoint not written: a transaction's outcome is unknown, the stored checkpoint decides on restart");
+            return Ok(true);
+        }
+        self.stamp(&mut checkpoint);
         match self.store.save(&checkpoint).await {
             Ok(()) => {
-                self.saved.increment(1);
-                self.status.update(|s| {
-                    s.counters.checkpoints_saved += 1;
-                    s.checkpoint = Some(checkpoint);
-                });
+                self.recorded(checkpoint);
                 Ok(true)
             }
             Err(e) if e.kind == StoreErrorKind::Fenced => Err(Halt::new(
@@ -85,7 +127,7 @@ impl<H: StreamHandler> Worker<H> {
     /// before the `Invalidated` halt (so a restart resumes after it and reads the recreated
     /// collection, instead of replaying the invalidate and halting again).
     pub(super) async fn persist_settled(&mut self, what: &str) -> Result<(), StreamExit> {
-        while self.progress.tracker.is_dirty() {
+        while self.progress.tracker.is_dirty() && !self.progress.frozen {
             if let Err(h) = self.progress.save().await {
                 return Err(StreamExit::Halted(h));
             }

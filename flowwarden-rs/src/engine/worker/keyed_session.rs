@@ -50,6 +50,7 @@ impl<H: StreamHandler> Worker<H> {
         let metrics: StreamMetrics = self.metrics.clone();
         let status = self.env.status.clone();
         let fence = self.env.fence.clone();
+        // A transactional stream never runs keyed (startup refuses `concurrency > 1` with it).
         let cx = ProcessCx {
             def: self.def,
             dead_letters: dead_letters.as_ref(),
@@ -57,6 +58,7 @@ impl<H: StreamHandler> Worker<H> {
             metrics: &metrics,
             status: &status,
             fence: fence.as_ref(),
+            txn: None,
         };
         let mut queue: KeyedQueue<(Admitted, Option<ChangeContext<H::Document>>)> =
             KeyedQueue::new(limits.concurrency());
@@ -121,8 +123,8 @@ impl<H: StreamHandler> Worker<H> {
                                 ending = Some(SessionEnd::Halt(h));
                             }
                         }
-                        EventOutcome::Settled { how, save_now } => {
-                            match self.settled(&admitted, how, save_now).await {
+                        EventOutcome::Settled { how, save_now, .. } => {
+                            match self.settled(&admitted, how, save_now, None).await {
                                 None => {}
                                 // A failed save (fenced, store down): nothing else may be
                                 // stored, so the session ends now.

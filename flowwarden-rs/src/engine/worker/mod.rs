@@ -55,6 +55,7 @@ pub(crate) async fn run_stream<H: StreamHandler>(
             status: env.status.clone(),
             saved: metrics::counter!(crate::engine::metrics::names::CHECKPOINT_SAVED, "stream" => def.name),
             failed: metrics::counter!(crate::engine::metrics::names::CHECKPOINT_FAILED, "stream" => def.name),
+            frozen: false,
         },
         rng: Rng::new(seed_for(env.options.seed, def.name)),
         restart_failures: 0,

@@ -15,11 +15,12 @@ use crate::engine::lag::PUBLISH_EVERY;
 use crate::engine::process::{process_event, EventOutcome, ProcessCx};
 use crate::engine::reader::{hand_over, read_loop, Inbox, ReadResult};
 use crate::engine::tracker::{Settlement, Ticket};
+use crate::engine::transaction::TxnCx;
 use crate::engine::{AbortOnDrop, StreamExit};
 use crate::event::{ChangeEvent, OperationType, ResumeToken};
 use crate::handler::StreamHandler;
-use crate::port::StoredPosition;
 use crate::port::{ChangeCursor, SourceError, SourceErrorKind, SourceItem};
+use crate::port::{Checkpoint, StoredPosition};
 use crate::status::{Halt, HaltReason};
 
 impl<H: StreamHandler> Worker<H> {
@@ -183,14 +184,19 @@ impl<H: StreamHandler> Worker<H> {
     }
 
     /// Records a settled event: the tracker, the redelivery memory, and the checkpoint when a
-    /// save is due. Returns how the session ends, if it does (an invalidate, a failed save).
+    /// save is due. `committed` is the checkpoint a transactional event's commit stored with
+    /// it. Returns how the session ends, if it does (an invalidate, a failed save).
     pub(super) async fn settled(
         &mut self,
         admitted: &Admitted,
         how: Settlement,
         save_now: bool,
+        committed: Option<Checkpoint>,
     ) -> Option<SessionEnd> {
         self.progress.tracker.settle(admitted.ticket, how);
+        if let Some(checkpoint) = committed {
+            self.progress.committed(checkpoint);
+        }
         self.publish_position(false);
         if how != Settlement::Filtered && how != Settlement::Unrouted {
             self.recent.insert(admitted.event.token());
@@ -217,14 +223,27 @@ impl<H: StreamHandler> Worker<H> {
     ) -> Option<SessionEnd> {
         let name = self.def.name;
         let event = &admitted.event;
-        let cx = ProcessCx {
-            def: self.def,
-            dead_letters: self.env.dead_letters.as_ref(),
-            options: &self.env.options,
-            metrics: &self.metrics,
-            status: &self.env.status,
-            fence: self.env.fence.as_ref(),
+        // A transactional event commits the checkpoint as it stands once the event is settled,
+        // with its writes; the heartbeat must not write meanwhile (a plain write racing the
+        // commit could land after it and put the checkpoint back).
+        let transactions = self.env.transactions.clone();
+        #[cfg(feature = "test-util")]
+        let outside = self.env.options.checkpoint_outside_transaction;
+        #[cfg(not(feature = "test-util"))]
+        let outside = false;
+        let txn = transactions.as_ref().map(|store| TxnCx {
+            store,
+            checkpoint: (!outside).then(|| self.progress.preview_handled(admitted.ticket)),
+            #[cfg(feature = "test-util")]
+            hook: self.env.options.transaction_hook.as_ref(),
+        });
+        let mut no_heartbeat = None;
+        let heartbeat = if txn.is_some() {
+            &mut no_heartbeat
+        } else {
+            heartbeat
         };
+        let cx = ProcessCx::new(self.def, &self.env, &self.metrics, txn);
         let span = event_span(event);
         let mut stop = self.env.stop.clone();
         let mut deadline: Option<Instant> = None;
@@ -253,13 +272,28 @@ impl<H: StreamHandler> Worker<H> {
                 }
             }
         };
+        let committed_checkpoint = cx.txn.and_then(|t| t.checkpoint);
         let Some(outcome) = outcome else {
+            if transactions.is_some() {
+                // Abandoned mid-attempt: its commit may have been sent.
+                self.progress.freeze();
+            }
             return Some(SessionEnd::Stop);
         };
         match outcome {
-            EventOutcome::Halt(h) => Some(SessionEnd::Halt(h)),
-            EventOutcome::Settled { how, save_now } => {
-                if let Some(end) = self.settled(&admitted, how, save_now).await {
+            EventOutcome::Halt(h) => {
+                if h.reason == HaltReason::TransactionOutcomeUnknown {
+                    self.progress.freeze();
+                }
+                Some(SessionEnd::Halt(h))
+            }
+            EventOutcome::Settled {
+                how,
+                save_now,
+                committed,
+            } => {
+                let stored = committed.then_some(committed_checkpoint).flatten();
+                if let Some(end) = self.settled(&admitted, how, save_now, stored).await {
                     return Some(end);
                 }
                 deadline.map(|_| SessionEnd::Stop)

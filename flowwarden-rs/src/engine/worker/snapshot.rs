@@ -19,6 +19,7 @@ use super::Worker;
 use crate::definition::StartPosition;
 use crate::engine::process::{process_event, EventOutcome, ProcessCx};
 use crate::engine::snapshot::pushdown::{scan_filter, ScanFilter};
+use crate::engine::transaction::TxnCx;
 use crate::engine::StreamExit;
 use crate::event::{ChangeEvent, Namespace};
 use crate::handler::StreamHandler;
@@ -29,8 +30,9 @@ use crate::status::{Halt, HaltReason, StreamState};
 
 /// How one scanned document ended.
 enum Read {
-    /// Settled (handled, filtered out, dead-lettered); `save_now` as the handler asked.
-    Settled { save_now: bool },
+    /// Settled (handled, filtered out, dead-lettered); `save_now` as the handler asked;
+    /// `committed` when a transaction stored the progress with the handler's writes.
+    Settled { save_now: bool, committed: bool },
     /// The stream halts; the document stays unsettled.
     Halt(Halt),
     /// A stop was requested and the handler did not finish within the shutdown timeout.
@@ -157,6 +159,11 @@ impl<H: StreamHandler> Worker<H> {
         }
     }
 
+    fn stamped(&self, mut checkpoint: Checkpoint) -> Checkpoint {
+        self.progress.stamp(&mut checkpoint);
+        checkpoint
+    }
+
     /// Writes the scan's progress; a refused write is retried at the next opportunity.
     async fn save_snapshot(&mut self, progress: &SnapshotProgress) -> Result<bool, StreamExit> {
         let checkpoint = self.snapshot_checkpoint(progress);
@@ -224,8 +231,19 @@ impl<H: StreamHandler> Worker<H> {
                             )));
                         }
                     };
-                let save_now = match self.read_one(event).await {
-                    Read::Settled { save_now } => save_now,
+                // A transactional stream commits the progress past this document with its
+                // writes.
+                let after = self.env.transactions.is_some().then(|| {
+                    let mut after = progress.clone();
+                    after.last_id = id.clone();
+                    after.scanned += 1;
+                    self.stamped(self.snapshot_checkpoint(&after))
+                });
+                let (save_now, committed) = match self.read_one(event, after).await {
+                    Read::Settled {
+                        save_now,
+                        committed,
+                    } => (save_now, committed),
                     Read::Halt(h) => {
                         self.save_snapshot(&progress).await?;
                         return Err(StreamExit::Halted(h));
@@ -238,7 +256,11 @@ impl<H: StreamHandler> Worker<H> {
                 progress.last_id = id;
                 progress.scanned += 1;
                 unsaved += 1;
-                if (unsaved >= save_every || save_now) && self.save_snapshot(&progress).await? {
+                // A committed transaction stored this progress already.
+                if committed
+                    || ((unsaved >= save_every || save_now)
+                        && self.save_snapshot(&progress).await?)
+                {
                     unsaved = 0;
                 }
                 if self.stop_requested() {
@@ -259,17 +281,17 @@ impl<H: StreamHandler> Worker<H> {
 
     /// Hands one scanned document to the handlers (filter, route, retries, dead letter),
     /// waiting for it on a stop up to the shutdown timeout, as the stream does for an event.
-    async fn read_one(&mut self, event: Arc<ChangeEvent>) -> Read {
+    async fn read_one(&mut self, event: Arc<ChangeEvent>, after: Option<Checkpoint>) -> Read {
         let name = self.def.name;
         self.env.status.update(|s| s.counters.received += 1);
-        let cx = ProcessCx {
-            def: self.def,
-            dead_letters: self.env.dead_letters.as_ref(),
-            options: &self.env.options,
-            metrics: &self.metrics,
-            status: &self.env.status,
-            fence: self.env.fence.as_ref(),
-        };
+        let transactions = self.env.transactions.clone();
+        let txn = transactions.as_ref().map(|store| TxnCx {
+            store,
+            checkpoint: after,
+            #[cfg(feature = "test-util")]
+            hook: self.env.options.transaction_hook.as_ref(),
+        });
+        let cx = ProcessCx::new(self.def, &self.env, &self.metrics, txn);
         let span = event_span(&event);
         let mut stop = self.env.stop.clone();
         let mut deadline: Option<Instant> = None;
@@ -281,8 +303,15 @@ impl<H: StreamHandler> Worker<H> {
                 biased;
                 outcome = &mut fut => {
                     return match outcome {
-                        EventOutcome::Settled { save_now, .. } => Read::Settled { save_now },
-                        EventOutcome::Halt(h) => Read::Halt(h),
+                        EventOutcome::Settled { save_now, committed, .. } => {
+                            Read::Settled { save_now, committed }
+                        }
+                        EventOutcome::Halt(h) => {
+                            if h.reason == HaltReason::TransactionOutcomeUnknown {
+                                self.progress.freeze();
+                            }
+                            Read::Halt(h)
+                        }
                     };
                 }
                 _ = stopped(&mut stop), if deadline.is_none() => {
@@ -290,6 +319,9 @@ impl<H: StreamHandler> Worker<H> {
                 }
                 _ = sleep_until(deadline), if deadline.is_some() => {
                     warn!(stream = name, token = %event.token(), "the in-flight handler did not finish within the shutdown timeout; the scanned document stays unsettled and will be read again");
+                    if transactions.is_some() {
+                        self.progress.freeze();
+                    }
                     return Read::Abandoned;
                 }
             }

@@ -339,6 +339,7 @@ impl Sim<'_> {
                     inc,
                 }) as Arc<dyn LeaseStore>
             }),
+            transactions: None,
             default_database: memory.default_database(),
         }
     }

@@ -46,6 +46,7 @@ pub(crate) static DEFAULT_DEF: StreamDefinition = StreamDefinition {
     restart: flowwarden::RestartConfig::DEFAULT,
     deployment: flowwarden::Deployment::AllInstances,
     concurrency: flowwarden::ConcurrencyConfig::DEFAULT,
+    transactional: false,
     source: flowwarden::SourceLocation {
         file: file!(),
         line: line!(),
