@@ -56,7 +56,8 @@ const MAX_TIME_MS_EXPIRED: i32 = 50;
 /// #[derive(Default)]
 /// struct OrderTotals;
 ///
-/// #[change_stream(name = "order-totals", collection = "orders", transactional = true)]
+/// #[change_stream(name = "order-totals", collection = "orders", document = Document,
+///                 transactional = true)]
 /// impl OrderTotals {
 ///     #[on_insert]
 ///     async fn created(&self, order: Document, tx: &Transaction) -> Result<(), HandlerError> {

@@ -454,7 +454,10 @@ fn crash_child() {
             .client()
             .database(db)
             .collection::<Document>("effects");
-        for _ in 0..1500 {
+        // Up to 150 s: on a real server the aborted process's transaction keeps its write
+        // locks until the server's lifetime limit (60 s) aborts it; until then the restarted
+        // stream's writes conflict and its transaction runs again.
+        for _ in 0..7500 {
             if effects.count_documents(doc! {}).await.expect("count") as usize >= wait_for {
                 break;
             }
@@ -490,15 +493,14 @@ async fn run_child(
     if let Some(ids) = insert {
         insert_orders(t, ids).await;
     }
-    tokio::time::timeout(Duration::from_secs(60), child.wait())
+    tokio::time::timeout(Duration::from_secs(180), child.wait())
         .await
-        .expect("the child ends within 60 s")
+        .expect("the child ends within 180 s")
         .expect("child status")
 }
 
-async fn a_process_abort_at(step: &str) {
-    let t = Target::emulator().await;
-    let crashed = run_child(&t, step, 6, 0, Some(1..=6)).await;
+async fn a_process_abort_at(t: &Target, step: &str) {
+    let crashed = run_child(t, step, 6, 0, Some(1..=6)).await;
     assert!(
         !crashed.success(),
         "the child aborted at {step}: {crashed:?}"
@@ -508,7 +510,7 @@ async fn a_process_abort_at(step: &str) {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(crashed.signal(), Some(6), "SIGABRT at {step}: {crashed:?}");
     }
-    let before: Vec<i32> = effects(&t).await.keys().copied().collect();
+    let before: Vec<i32> = effects(t).await.keys().copied().collect();
     match step {
         "after-commit" | "after-commit-sabotaged" => {
             assert_eq!(before, vec![1, 2, 3], "event 3 committed before the abort")
@@ -519,44 +521,45 @@ async fn a_process_abort_at(step: &str) {
             "nothing of event 3 committed before the abort"
         ),
     }
-    let restarted = run_child(&t, "none", 6, 1, None).await;
+    let restarted = run_child(t, "none", 6, 1, None).await;
     assert!(
         restarted.success(),
         "the restarted child ran to the end: {restarted:?}"
     );
     if step == "after-commit-sabotaged" {
-        let e = effects(&t).await;
+        let e = effects(t).await;
         assert_eq!(e.get(&3), Some(&2), "event 3 applied twice: {e:?}");
-        assert_eq!(total(&t).await, 7);
+        assert_eq!(total(t).await, 7);
     } else {
-        assert_exactly_once(&t, 6).await;
+        assert_exactly_once(t, 6).await;
     }
-    t.finish().await;
 }
 
 /// The check can fail: with the checkpoint written outside the transaction (after the commit),
 /// the same abort after the commit applies event 3's writes twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_process_abort_after_the_commit_applies_twice_with_the_checkpoint_outside() {
-    a_process_abort_at("after-commit-sabotaged").await;
+async fn a_process_abort_after_the_commit_applies_twice_with_the_checkpoint_outside(t: &Target) {
+    a_process_abort_at(t, "after-commit-sabotaged").await;
 }
+scenario!(a_process_abort_after_the_commit_applies_twice_with_the_checkpoint_outside);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_process_abort_before_the_handlers_writes_applies_each_event_once() {
-    a_process_abort_at("before-writes").await;
+async fn a_process_abort_before_the_handlers_writes_applies_each_event_once(t: &Target) {
+    a_process_abort_at(t, "before-writes").await;
 }
+scenario!(a_process_abort_before_the_handlers_writes_applies_each_event_once);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_process_abort_between_the_handlers_writes_applies_each_event_once() {
-    a_process_abort_at("between-writes").await;
+async fn a_process_abort_between_the_handlers_writes_applies_each_event_once(t: &Target) {
+    a_process_abort_at(t, "between-writes").await;
 }
+scenario!(a_process_abort_between_the_handlers_writes_applies_each_event_once);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_process_abort_before_the_commit_applies_each_event_once() {
-    a_process_abort_at("before-commit").await;
+async fn a_process_abort_before_the_commit_applies_each_event_once(t: &Target) {
+    a_process_abort_at(t, "before-commit").await;
 }
+scenario!(a_process_abort_before_the_commit_applies_each_event_once);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_process_abort_after_the_commit_before_it_is_recorded_applies_each_event_once() {
-    a_process_abort_at("after-commit").await;
+async fn a_process_abort_after_the_commit_before_it_is_recorded_applies_each_event_once(
+    t: &Target,
+) {
+    a_process_abort_at(t, "after-commit").await;
 }
+scenario!(a_process_abort_after_the_commit_before_it_is_recorded_applies_each_event_once);
