@@ -682,6 +682,13 @@ async fn a_snapshot_read_commits_its_writes_with_the_scans_progress() {
     wait_until("every document read", || effects(&backend).len() == 5).await;
     insert(&backend, 6..=6);
     wait_until("then the stream", || effects(&backend).len() == 6).await;
+    let st = rt.handle().status("projector-snapshot").unwrap();
+    assert_eq!(st.counters.transactions_committed, 4);
+    assert!(
+        st.counters.checkpoints_saved >= 4,
+        "each commit's checkpoint is counted: {:?}",
+        st.counters
+    );
     rt.shutdown().await;
     assert_exactly_once(&backend, 6);
     assert_eq!(

@@ -285,6 +285,7 @@ impl<H: StreamHandler> Worker<H> {
         let name = self.def.name;
         self.env.status.update(|s| s.counters.received += 1);
         let transactions = self.env.transactions.clone();
+        let mut recorded = after.clone();
         let txn = transactions.as_ref().map(|store| TxnCx {
             store,
             checkpoint: after,
@@ -304,6 +305,9 @@ impl<H: StreamHandler> Worker<H> {
                 outcome = &mut fut => {
                     return match outcome {
                         EventOutcome::Settled { save_now, committed, .. } => {
+                            if let Some(checkpoint) = recorded.take().filter(|_| committed) {
+                                self.progress.committed(checkpoint);
+                            }
                             Read::Settled { save_now, committed }
                         }
                         EventOutcome::Halt(h) => {
