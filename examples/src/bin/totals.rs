@@ -1,0 +1,46 @@
+//! The totals example: a transactional stream, exactly-once effects.
+//!
+//! ```text
+//! cargo run -p flowwarden-examples --bin totals
+//! ```
+//!
+//! On the embedded in-memory backend by default; on MongoDB when `FLOWWARDEN_MONGODB_URI` is
+//! set (database `FLOWWARDEN_DATABASE`, default `flowwarden_example`; a replica set, since the
+//! stream runs transactions). See `flowwarden_examples::totals`. Exits 0 when the totals count
+//! every order exactly once across a restart.
+
+use flowwarden::MemoryBackend;
+use flowwarden_examples::orders::Target;
+use flowwarden_examples::totals::run;
+use flowwarden_rs_mongo::MongoBackend;
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,flowwarden=info".into()),
+        )
+        .with_target(false)
+        .init();
+    let target = match std::env::var(flowwarden_rs_mongo::ENV_URI) {
+        Ok(uri) => {
+            let db = std::env::var("FLOWWARDEN_DATABASE")
+                .unwrap_or_else(|_| "flowwarden_example".into());
+            match MongoBackend::connect(&uri, &db).await {
+                Ok(b) => Target::Mongo(b),
+                Err(problems) => {
+                    for p in problems {
+                        eprintln!("cannot use MongoDB: {p}");
+                    }
+                    std::process::exit(2);
+                }
+            }
+        }
+        Err(_) => Target::Memory(MemoryBackend::new()),
+    };
+    if let Err(e) = run(target).await {
+        eprintln!("example failed: {e}");
+        std::process::exit(1);
+    }
+}
