@@ -86,6 +86,24 @@ pub struct Stats {
     pub snapshots_completed: u64,
     /// Runtimes that halted `HistoryLost` during an initial snapshot.
     pub snapshot_history_lost: u64,
+    /// Schedules whose stream is `transactional = true`.
+    pub transactional_seeds: u64,
+    /// Transactions begun (one per handler attempt and per transient rerun).
+    pub transactions_begun: u64,
+    /// Commits the store applied (each settles one handled event with its checkpoint).
+    pub commits_applied: u64,
+    /// Transient reruns of a whole transaction (the runtime's `transactions_retried`).
+    pub transient_reruns: u64,
+    /// Commits whose outcome the runtime was told is unknown (the reply lost after the commit
+    /// applied: the stream halts `TransactionOutcomeUnknown` and is restarted).
+    pub unknown_outcomes: u64,
+    /// Commits refused because their checkpoint was fenced (a deposed leader's transaction).
+    pub fenced_commits: u64,
+    /// Commits that failed otherwise (transient, unavailable, rejected): nothing applied.
+    pub failed_commits: u64,
+    /// Commits applied whose reply never reached the runtime (it crashed, or a stop abandoned
+    /// the attempt, while the reply was in flight).
+    pub unanswered_commits: u64,
 }
 
 impl Stats {
@@ -133,6 +151,14 @@ impl Stats {
         self.changes_during_scan += other.changes_during_scan;
         self.snapshots_completed += other.snapshots_completed;
         self.snapshot_history_lost += other.snapshot_history_lost;
+        self.transactional_seeds += other.transactional_seeds;
+        self.transactions_begun += other.transactions_begun;
+        self.commits_applied += other.commits_applied;
+        self.transient_reruns += other.transient_reruns;
+        self.unknown_outcomes += other.unknown_outcomes;
+        self.fenced_commits += other.fenced_commits;
+        self.failed_commits += other.failed_commits;
+        self.unanswered_commits += other.unanswered_commits;
         for (k, v) in &other.violations_by_invariant {
             *self.violations_by_invariant.entry(*k).or_default() += v;
         }
@@ -191,6 +217,20 @@ impl fmt::Display for Stats {
                 self.resumed_scans,
                 self.snapshots_completed,
                 self.snapshot_history_lost
+            )?;
+        }
+        if self.transactional_seeds > 0 {
+            writeln!(
+                f,
+                "transactional:        {} seeds, {} transactions begun, {} commits applied ({} unanswered), {} transient reruns, {} unknown outcomes, {} fenced and {} failed commits",
+                self.transactional_seeds,
+                self.transactions_begun,
+                self.commits_applied,
+                self.unanswered_commits,
+                self.transient_reruns,
+                self.unknown_outcomes,
+                self.fenced_commits,
+                self.failed_commits
             )?;
         }
         if self.multi_instance_seeds > 0 {

@@ -4,15 +4,19 @@
 //! By concept: `source` the change source and its cursors (opens, deliveries, scan batches);
 //! `stores` the checkpoint and dead-letter stores (every write, accepted or rejected, with the
 //! lease at that instant); `leases` the lease store (the exact mirror, partitions, the lease
-//! sabotages). This module holds what they share.
+//! sabotages); `transactions` the transaction store of transactional streams (every commit,
+//! recorded as a checkpoint write, and the commit faults' timing). This module holds what they
+//! share.
 
 mod leases;
 mod source;
 mod stores;
+mod transactions;
 
 pub(crate) use leases::RecLeases;
 pub(crate) use source::RecSource;
 pub(crate) use stores::{RecCheckpoints, RecDeadLetters};
+pub(crate) use transactions::RecTransactions;
 
 use super::*;
 
