@@ -102,6 +102,11 @@ pub struct SimOptions {
     /// non-atomic design). On transactional seeds the simulation must then find an effect
     /// applied twice (invariant 15).
     pub checkpoint_outside_transaction: bool,
+    /// Runs the runtime with the test-only switch that keeps writing plain checkpoints after a
+    /// transaction whose outcome is unknown (no `Progress::freeze`). On transactional seeds
+    /// the simulation must then find the checkpoint moving back (invariant 7) and an effect
+    /// applied twice (15).
+    pub no_freeze_after_unknown_outcome: bool,
     /// Breaks the harness's store wrappers on purpose, to prove the checkers of invariants
     /// 6–10 (the runtime is untouched).
     pub sabotage: Option<Sabotage>,

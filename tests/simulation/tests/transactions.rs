@@ -1,8 +1,9 @@
 //! Transactional streams (`transactional = true`) in the simulation: the generated schedules
 //! reach them (single- and multi-instance, snapshot starts, injected commit failures, crashes
 //! while a commit is in flight, unknown outcomes, deposed leaders fenced at their commit) and
-//! hold every invariant, including 15 (effects exactly once); the runtime switch that writes
-//! the checkpoint outside the transaction is caught by 15, and the same seeds pass without it.
+//! hold every invariant, including 15 (effects exactly once); the runtime switches that write
+//! the checkpoint outside the transaction, or keep writing plain checkpoints after an unknown
+//! outcome, are caught by 15, and the same seeds pass without them.
 
 use flowwarden_simulation::{
     run_schedule, run_seed, shrink_for, Invariant, Schedule, SimOptions, Stats, Step,
@@ -84,46 +85,75 @@ fn the_schedules_reach_transactional_streams_and_hold_every_invariant() {
     }
 }
 
-/// The non-atomic design (`Builder::checkpoint_outside_transaction`: the handler's writes
-/// commit first, the checkpoint is written afterwards as a plain write) applies an event's
-/// effect twice after a crash in between. Invariant 15 must catch it within the first 100
-/// transactional seeds, and those seeds must pass without the switch.
-#[test]
-fn a_checkpoint_written_outside_the_transaction_is_caught() {
-    let seeds = transactional_seeds(100);
-    let caught = seeds.iter().copied().find(|seed| {
-        run_seed(*seed, &outside())
+/// The first transactional seed (among the first `limit`) whose run under `opts` violates
+/// `invariant`, with its shrunk report.
+fn first_caught(opts: &SimOptions, invariant: Invariant, limit: usize) -> Option<(u64, String)> {
+    let seed = transactional_seeds(limit).into_iter().find(|seed| {
+        run_seed(*seed, opts)
             .expect("runs")
             .violations
             .iter()
-            .any(|v| v.invariant == Invariant::EffectsExactlyOnce)
-    });
-    let seed = caught.expect(
-        "checkpoint_outside_transaction went unnoticed by invariant 15 for 100 transactional seeds",
-    );
+            .any(|v| v.invariant == invariant)
+    })?;
     let schedule = Schedule::generate(seed);
-    let (small, out) = shrink_for(
-        &schedule,
-        &outside(),
-        300,
-        Some(Invariant::EffectsExactlyOnce),
-    )
-    .expect("shrinking runs");
-    println!(
-        "checkpoint_outside_transaction: invariant 15 fails first at seed {seed}, shrunk from {} to {} steps:\n{}",
+    let (small, out) = shrink_for(&schedule, opts, 300, Some(invariant)).expect("shrinking runs");
+    assert!(
+        small.steps.len() < schedule.steps.len(),
+        "seed {seed} shrinks"
+    );
+    let report = format!(
+        "seed {seed}, shrunk from {} to {} steps:\n{}",
         schedule.steps.len(),
         small.steps.len(),
         out.report(&small, 30)
     );
-    assert!(small.steps.len() < schedule.steps.len());
-    for seed in seeds.iter().take_while(|s| **s <= seed) {
-        let out = run_seed(*seed, &SimOptions::default()).expect("runs");
+    Some((seed, report))
+}
+
+/// Every transactional seed up to `last` holds every invariant without a switch.
+fn assert_clean_up_to(last: u64) {
+    for seed in all_transactional_seeds().take_while(|s| *s <= last) {
+        let out = run_seed(seed, &SimOptions::default()).expect("runs");
         assert!(
             out.violations.is_empty(),
             "seed {seed} fails without the switch: {:?}",
             out.violations
         );
     }
+}
+
+/// The non-atomic design (`Builder::checkpoint_outside_transaction`: the handler's writes
+/// commit first, the checkpoint is written afterwards as a plain write) applies an event's
+/// effect twice after a crash in between. Invariant 15 must catch it within the first 100
+/// transactional seeds, and those seeds must pass without the switch.
+#[test]
+fn a_checkpoint_written_outside_the_transaction_is_caught() {
+    let (seed, report) = first_caught(&outside(), Invariant::EffectsExactlyOnce, 100).expect(
+        "checkpoint_outside_transaction went unnoticed by invariant 15 for 100 transactional seeds",
+    );
+    println!("checkpoint_outside_transaction: invariant 15 fails first at {report}");
+    assert_clean_up_to(seed);
+}
+
+/// Plain checkpoint writes that go on after a commit whose outcome is unknown
+/// (`Builder::no_freeze_after_unknown_outcome`: no `Progress::freeze`): the halt's final flush
+/// writes the settled prefix before the event whose commit applied, the stored checkpoint
+/// moves back (invariant 7) and the restart applies the event's effect again (15). Both must
+/// be caught within the first 100 transactional seeds, and those seeds pass without it.
+#[test]
+fn plain_writes_after_an_unknown_outcome_are_caught() {
+    let opts = SimOptions {
+        no_freeze_after_unknown_outcome: true,
+        ..SimOptions::default()
+    };
+    let (seed, report) = first_caught(&opts, Invariant::EffectsExactlyOnce, 100).expect(
+        "no_freeze_after_unknown_outcome went unnoticed by invariant 15 for 100 transactional seeds",
+    );
+    println!("no_freeze_after_unknown_outcome: invariant 15 fails first at {report}");
+    let (first, _) = first_caught(&opts, Invariant::CheckpointMovesBackwards, 100)
+        .expect("invariant 7 never sees the checkpoint move back");
+    println!("no_freeze_after_unknown_outcome: invariant 7 fails first at seed {first}");
+    assert_clean_up_to(seed.max(first));
 }
 
 /// A crash right after a commit applied, before its reply reached the runtime: the restart

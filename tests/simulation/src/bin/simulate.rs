@@ -14,7 +14,7 @@ enum ArgError {
     Missing(String),
     #[error("{flag}: '{value}' is not a number")]
     NotANumber { flag: String, value: String },
-    #[error("unknown argument '{0}' (use --seeds N --from SEED [--threads T] [--bug] [--bug-highest-completed] [--bug-unkeyed] [--bug-snapshot-start-after-scan] [--bug-snapshot-rescan-from-zero] [--bug-checkpoint-outside-transaction] [--sabotage NAME] [--multi-only] [--snapshot-only] [--transactional-only] | --replay SEED [..] | --shrink SEED [..])")]
+    #[error("unknown argument '{0}' (use --seeds N --from SEED [--threads T] [--bug] [--bug-highest-completed] [--bug-unkeyed] [--bug-snapshot-start-after-scan] [--bug-snapshot-rescan-from-zero] [--bug-checkpoint-outside-transaction] [--bug-no-freeze] [--sabotage NAME] [--multi-only] [--snapshot-only] [--transactional-only] | --replay SEED [..] | --shrink SEED [..])")]
     Unknown(String),
     #[error("unknown sabotage '{0}' (one of: unfenced-writes, forged-epoch, lying-renewals, no-takeover, oldest-becomes-now, oldest-unknown-as-transient, forget-invalidate, guard-for-everyone)")]
     Sabotage(String),
@@ -65,6 +65,7 @@ fn parse() -> Result<Args, ArgError> {
             "--bug-snapshot-start-after-scan" => a.opts.snapshot_start_after_scan = true,
             "--bug-snapshot-rescan-from-zero" => a.opts.snapshot_rescan_from_zero = true,
             "--bug-checkpoint-outside-transaction" => a.opts.checkpoint_outside_transaction = true,
+            "--bug-no-freeze" => a.opts.no_freeze_after_unknown_outcome = true,
             "--multi-only" => a.multi_only = true,
             "--transactional-only" => a.transactional_only = true,
             "--snapshot-only" => a.snapshot_only = true,

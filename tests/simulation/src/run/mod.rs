@@ -401,6 +401,7 @@ impl Sim<'_> {
             .snapshot_start_after_scan(self.opts.snapshot_start_after_scan)
             .snapshot_rescan_from_zero(self.opts.snapshot_rescan_from_zero)
             .checkpoint_outside_transaction(self.opts.checkpoint_outside_transaction)
+            .no_freeze_after_unknown_outcome(self.opts.no_freeze_after_unknown_outcome)
             // Lag sampling observes, it decides nothing; off, so that schedules (and the seeds
             // of known regressions) replay exactly as recorded.
             .lag_sampling(flowwarden::LagConfig {
