@@ -76,7 +76,11 @@ fn snapshot_filter(w: &mut WorldState, inc: u32, ctx: &ChangeContext<Item>) -> b
     let Some(k) = key_of(ctx) else {
         return true;
     };
-    if (w.settings.leader.is_some() || w.settings.shared_checkpoint) && ctx.attempt() == 1 {
+    // A transaction run again after a transient error calls the filter again with attempt 1:
+    // the read it had in processing, not a new one.
+    let rerun = w.transaction_rerun(inc, Subject::Read(k));
+    if (w.settings.leader.is_some() || w.settings.shared_checkpoint) && ctx.attempt() == 1 && !rerun
+    {
         w.check_consumer(inc, &format!("the snapshot read of k{k}"));
     }
     let keep = match w.settings.filter {
@@ -128,7 +132,11 @@ impl StreamHandler for SimHandler {
         }
         if (w.settings.leader.is_some() || w.settings.shared_checkpoint) && ctx.attempt() == 1 {
             if let Some(seq) = token_seq(ctx.resume_token()) {
-                w.check_consumer(self.inc, &format!("#{seq}"));
+                // A transaction run again after a transient error calls the filter again with
+                // attempt 1: the event it has in processing, not a new one.
+                if !w.transaction_rerun(self.inc, Subject::Change(seq)) {
+                    w.check_consumer(self.inc, &format!("#{seq}"));
+                }
             }
         }
         let key = key_of(ctx);

@@ -89,6 +89,9 @@ pub(crate) struct TxnTruth {
     pub(crate) trap: Option<Trap>,
     /// Per incarnation: an applied commit whose reply has not reached it yet.
     answering: BTreeMap<u32, String>,
+    /// Per incarnation: the effect `_id` of the event (or snapshot read) it has in processing,
+    /// until it opens a cursor or reads a scan batch again.
+    processing: BTreeMap<u32, String>,
 }
 
 impl TxnTruth {
@@ -121,6 +124,23 @@ impl WorldState {
     /// The effect `_id` of the handler success pending in the transaction of `inc`.
     pub(crate) fn pending_effect(&self, inc: u32) -> Option<String> {
         self.txn.pending.get(&inc).map(|p| p.subject.effect_id())
+    }
+
+    /// Whether the filter call of `inc` for `subject` (attempt 1) is its transaction run again
+    /// after a transient error (the event it has in processing), rather than the beginning of
+    /// a new one; records `subject` as in processing. Always `false` outside transactional
+    /// runs.
+    pub(crate) fn transaction_rerun(&mut self, inc: u32, subject: Subject) -> bool {
+        if !self.txn.on {
+            return false;
+        }
+        let id = subject.effect_id();
+        self.txn.processing.insert(inc, id.clone()) == Some(id)
+    }
+
+    /// `inc` opened a cursor or read a scan batch: what comes next is delivered anew.
+    pub(crate) fn transaction_delivery(&mut self, inc: u32) {
+        self.txn.processing.remove(&inc);
     }
 
     /// The handler of `inc` succeeded inside its transaction: the commit decides.

@@ -57,6 +57,7 @@ impl ChangeSource for RecSource {
         let mut w = self.world.lock();
         let tag = w.tag(inc);
         w.on_cursor_open(inc);
+        w.transaction_delivery(inc);
         w.on_open(&tag, &at, head, first, &summary);
         w.on_snapshot_open(inc, &at, summary.is_ok());
         match &summary {
@@ -119,9 +120,10 @@ impl ChangeSource for RecSource {
         }
         let result = ChangeSource::scan(&self.memory, request).await;
         let head = self.memory.oplog_head();
-        self.world
-            .lock()
-            .on_scan(self.inc, request.after.as_ref(), &result, head);
+        let mut w = self.world.lock();
+        w.transaction_delivery(self.inc);
+        w.on_scan(self.inc, request.after.as_ref(), &result, head);
+        drop(w);
         result
     }
 }
