@@ -62,10 +62,6 @@ fn the_schedules_reach_transactional_streams_and_hold_every_invariant() {
         "no deposed leader fenced at its commit: {stats}"
     );
     assert!(stats.unanswered_commits > 0, "{stats}");
-    assert!(
-        stats.halts.is_empty() || stats.halts.keys().all(|h| h != "TransactionOutcomeUnknown"),
-        "the drain's operator restarts every stream halted for an unknown outcome: {stats}"
-    );
     for kind in [
         "commit_failures_transient",
         "commit_failures_unavailable",
