@@ -68,6 +68,10 @@ pub(crate) struct EngineOptions {
     /// Test-only: the non-atomic design (see `Builder::checkpoint_outside_transaction`).
     #[cfg(feature = "test-util")]
     pub(crate) checkpoint_outside_transaction: bool,
+    /// Test-only: plain checkpoint writes go on after a transaction whose outcome is unknown
+    /// (see `Builder::no_freeze_after_unknown_outcome`).
+    #[cfg(feature = "test-util")]
+    pub(crate) no_freeze_after_unknown_outcome: bool,
     /// Timing of the checkpoint guard of `AllInstances` streams without a configured identity.
     pub(crate) checkpoint_guard: LeaseConfig,
     /// How lag against the source's history is sampled and judged.

@@ -71,6 +71,8 @@ impl Builder {
                 transaction_hook: None,
                 #[cfg(feature = "test-util")]
                 checkpoint_outside_transaction: false,
+                #[cfg(feature = "test-util")]
+                no_freeze_after_unknown_outcome: false,
                 checkpoint_guard: LeaseConfig::DEFAULT,
                 lag: LagConfig::default(),
             },
@@ -252,6 +254,18 @@ impl Builder {
     #[cfg(feature = "test-util")]
     pub fn checkpoint_outside_transaction(mut self, on: bool) -> Self {
         self.options.checkpoint_outside_transaction = on;
+        self
+    }
+
+    /// Test-only (feature `test-util`): a transactional stream does not freeze its plain
+    /// checkpoint writes after a transaction whose outcome it does not know (a commit reported
+    /// `CommitUnknown`, or an attempt a stop abandoned): its final flush may then write the
+    /// settled prefix *before* an event whose commit did apply, moving the checkpoint back, so
+    /// the restart applies that event's writes again. For tests that prove their checkers
+    /// catch it.
+    #[cfg(feature = "test-util")]
+    pub fn no_freeze_after_unknown_outcome(mut self, on: bool) -> Self {
+        self.options.no_freeze_after_unknown_outcome = on;
         self
     }
 

@@ -48,6 +48,7 @@ fn two_leaders() -> Settings {
         }),
         concurrency: 1,
         snapshot: None,
+        transactional: None,
     }
 }
 

@@ -46,6 +46,7 @@ fn a_processed_first_replay_keeps_the_stored_last_seen() {
         leader: None,
         concurrency: 1,
         snapshot: None,
+        transactional: None,
     };
     let schedule = Schedule {
         seed: 1,

@@ -1,7 +1,7 @@
 //! RUNTIME BUGS FOUND BY THE SIMULATION: minimal reproductions, written without the harness.
 //!
 //! Each test failed on the runtime as it was when the simulation found it (seed in the doc
-//! comment) and passes with the fix described in docs/testing/simulation.md.
+//! comment) and passes with the fix described in docs/testing/simulation-findings.md.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The simulation in the normal test suite: thousands of seeded fault schedules on the real
 //! runtime (about 30% of them multi-instance, see `tests/leader.rs`; about 20% snapshot starts,
-//! see `tests/snapshot.rs`), the proof that the checker catches the classic bug, and replay
-//! determinism.
+//! see `tests/snapshot.rs`; about 25% transactional streams, see `tests/transactions.rs`), the
+//! proof that the checker catches the classic bug, and replay determinism.
 //!
 //! `SIM_SEEDS=N` and `SIM_FROM=S` change the range of the main test.
 
@@ -123,6 +123,13 @@ fn thousands_of_fault_schedules_hold_every_invariant() {
         assert!(stats.snapshot_seeds > count / 10, "{stats}");
         assert!(
             stats.resumed_scans > 0 && stats.snapshot_history_lost > 0,
+            "{stats}"
+        );
+        // Transactional streams (`tests/transactions.rs`): commits applied, some of them
+        // fenced, some with their outcome unknown.
+        assert!(stats.transactional_seeds > count / 10, "{stats}");
+        assert!(
+            stats.commits_applied > 0 && stats.unknown_outcomes > 0 && stats.fenced_commits > 0,
             "{stats}"
         );
         for kind in [

@@ -32,6 +32,9 @@ pub(super) struct Progress {
     /// (its commit's outcome is unknown, or it was abandoned mid-attempt by a stop): the
     /// stored checkpoint may then be ahead of the tracker, and no plain write may put it back.
     pub(super) frozen: bool,
+    /// Test-only: [`Progress::freeze`] does nothing (`Builder::no_freeze_after_unknown_outcome`).
+    #[cfg(feature = "test-util")]
+    pub(super) never_freeze: bool,
 }
 
 impl Progress {
@@ -69,6 +72,10 @@ impl Progress {
 
     /// Stops every further plain checkpoint write of this run (see [`Progress::frozen`]).
     pub(super) fn freeze(&mut self) {
+        #[cfg(feature = "test-util")]
+        if self.never_freeze {
+            return;
+        }
         if !self.frozen {
             warn!(stream = self.name, "a transaction's outcome is unknown to this run: no further checkpoint is written until the stream restarts from the stored one");
         }

@@ -56,6 +56,8 @@ pub(crate) async fn run_stream<H: StreamHandler>(
             saved: metrics::counter!(crate::engine::metrics::names::CHECKPOINT_SAVED, "stream" => def.name),
             failed: metrics::counter!(crate::engine::metrics::names::CHECKPOINT_FAILED, "stream" => def.name),
             frozen: false,
+            #[cfg(feature = "test-util")]
+            never_freeze: env.options.no_freeze_after_unknown_outcome,
         },
         rng: Rng::new(seed_for(env.options.seed, def.name)),
         restart_failures: 0,

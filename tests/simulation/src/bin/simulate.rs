@@ -1,5 +1,5 @@
 //! Long simulation runs: `simulate --seeds N --from SEED [--bug] [--sabotage NAME]
-//! [--threads T] [--multi-only] [--snapshot-only]`; `simulate --replay SEED [--bug] [--sabotage NAME]` prints one
+//! [--threads T] [--multi-only] [--snapshot-only] [--transactional-only]`; `simulate --replay SEED [--bug] [--sabotage NAME]` prints one
 //! seed's full trace; `simulate --shrink SEED [..]` prints its shrunk schedule and full trace.
 
 use std::process::ExitCode;
@@ -14,7 +14,7 @@ enum ArgError {
     Missing(String),
     #[error("{flag}: '{value}' is not a number")]
     NotANumber { flag: String, value: String },
-    #[error("unknown argument '{0}' (use --seeds N --from SEED [--threads T] [--bug] [--bug-highest-completed] [--bug-unkeyed] [--bug-snapshot-start-after-scan] [--bug-snapshot-rescan-from-zero] [--sabotage NAME] [--multi-only] [--snapshot-only] | --replay SEED [..] | --shrink SEED [..])")]
+    #[error("unknown argument '{0}' (use --seeds N --from SEED [--threads T] [--bug] [--bug-highest-completed] [--bug-unkeyed] [--bug-snapshot-start-after-scan] [--bug-snapshot-rescan-from-zero] [--bug-checkpoint-outside-transaction] [--bug-no-freeze] [--sabotage NAME] [--multi-only] [--snapshot-only] [--transactional-only] | --replay SEED [..] | --shrink SEED [..])")]
     Unknown(String),
     #[error("unknown sabotage '{0}' (one of: unfenced-writes, forged-epoch, lying-renewals, no-takeover, oldest-becomes-now, oldest-unknown-as-transient, forget-invalidate, guard-for-everyone)")]
     Sabotage(String),
@@ -28,6 +28,7 @@ struct Args {
     shrink: Option<u64>,
     multi_only: bool,
     snapshot_only: bool,
+    transactional_only: bool,
     opts: SimOptions,
 }
 
@@ -40,6 +41,7 @@ fn parse() -> Result<Args, ArgError> {
         shrink: None,
         multi_only: false,
         snapshot_only: false,
+        transactional_only: false,
         opts: SimOptions::default(),
     };
     let mut it = std::env::args().skip(1);
@@ -62,7 +64,10 @@ fn parse() -> Result<Args, ArgError> {
             "--bug-unkeyed" => a.opts.unkeyed_concurrency = true,
             "--bug-snapshot-start-after-scan" => a.opts.snapshot_start_after_scan = true,
             "--bug-snapshot-rescan-from-zero" => a.opts.snapshot_rescan_from_zero = true,
+            "--bug-checkpoint-outside-transaction" => a.opts.checkpoint_outside_transaction = true,
+            "--bug-no-freeze" => a.opts.no_freeze_after_unknown_outcome = true,
             "--multi-only" => a.multi_only = true,
+            "--transactional-only" => a.transactional_only = true,
             "--snapshot-only" => a.snapshot_only = true,
             "--sabotage" => {
                 let v = it
@@ -130,6 +135,7 @@ fn main() -> ExitCode {
     let started = &started;
     let multi_only = args.multi_only;
     let snapshot_only = args.snapshot_only;
+    let transactional_only = args.transactional_only;
     let opts = args.opts;
     let threads = args.threads;
     let results: Vec<(Stats, Vec<u64>)> = std::thread::scope(|s| {
@@ -140,10 +146,11 @@ fn main() -> ExitCode {
                     let mut failing = Vec::new();
                     let mut seed = args.from + t;
                     while seed < args.from + args.seeds {
-                        let skip = (multi_only || snapshot_only) && {
+                        let skip = (multi_only || snapshot_only || transactional_only) && {
                             let s = Schedule::generate(seed);
                             (multi_only && !s.is_multi_instance())
                                 || (snapshot_only && s.settings.snapshot.is_none())
+                                || (transactional_only && !s.is_transactional())
                         };
                         if skip {
                             seed += threads;

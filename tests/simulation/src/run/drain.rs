@@ -43,7 +43,8 @@ impl Sim<'_> {
 
     /// No more faults: wait until the stream caught up (and, with several instances, one
     /// leads and the others stand by) or halted loudly; an operator restarts a runtime whose
-    /// stream halted for a transient reason (store or source unavailable), up to 12 times.
+    /// stream halted for a transient reason (store or source unavailable, and a transaction
+    /// whose outcome is unknown, as its runbook says), up to 12 times.
     pub(super) async fn drain(&mut self) -> Result<(), SimError> {
         self.log("drain: no more faults");
         // Faults injected before the drain but not yet consumed (the next N reads, saves,

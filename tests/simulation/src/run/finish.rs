@@ -1,4 +1,5 @@
-//! The end of a run: graceful shutdown, then invariants 1, 4, 5 and 10 over the whole run.
+//! The end of a run: graceful shutdown, then invariants 1, 4, 5, 10, 12, 14 and 15 over the
+//! whole run.
 
 use super::*;
 
@@ -88,6 +89,18 @@ impl Sim<'_> {
             .collection(COLLECTION)
             .find(doc! {})
             .unwrap_or_default();
+        let effects = self
+            .memory
+            .collection(world::EFFECTS)
+            .find(doc! {})
+            .unwrap_or_default();
+        let total = self
+            .memory
+            .collection(world::TOTALS)
+            .find_one(doc! {"_id": "all"})
+            .ok()
+            .flatten()
+            .map(|d| world::counter(&d));
         let mut w = self.world.lock();
         let state = final_status.as_ref().map(|s| s.state);
         let halt = final_status.as_ref().and_then(|s| s.halt.clone());
@@ -136,6 +149,9 @@ impl Sim<'_> {
             Some(HaltReason::HistoryLost | HaltReason::Invalidated)
         );
         w.check_snapshot_end(documents, state, halt.as_ref(), loud, first);
+
+        // Invariant 15: every effect at most once, every handled event's exactly once.
+        w.check_effects_end(effects, total);
 
         if let Some(after) = self.recreated_after {
             if w.checked_changes(head)

@@ -14,18 +14,18 @@ use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use bson::{doc, Bson};
-use flowwarden::port::LeaseStore;
+use flowwarden::port::{LeaseStore, TransactionStore};
 use flowwarden::{
     AnyStream, Backend, ConcurrencyConfig, Deployment, HaltReason, LeaseConfig, MemoryBackend,
-    OnHistoryLost, RestartConfig, RetryConfig, Runtime, StartPosition, StreamDefinition,
-    StreamState, StreamStatus,
+    MemoryTransactions, OnHistoryLost, RestartConfig, RetryConfig, Runtime, StartPosition,
+    StreamDefinition, StreamState, StreamStatus,
 };
 
 use crate::rng::mix;
 use crate::schedule::{LeaderSettings, Schedule, Settings, Step};
 use crate::world::{
     self, token_seq, Incarnation, Op, RecCheckpoints, RecDeadLetters, RecLeases, RecSource,
-    SimHandler, World,
+    RecTransactions, SimHandler, World,
 };
 use crate::{Invariant, SeedOutcome, SimError, SimOptions, COLLECTION, STREAM};
 
@@ -150,6 +150,7 @@ fn definition(s: &Settings) -> &'static StreamDefinition {
     if s.snapshot.is_some() {
         d.checkpoint.start_position = StartPosition::Snapshot;
     }
+    d.transactional = s.transactional.is_some();
     d.retry = RetryConfig {
         max_attempts: s.retry_attempts,
         initial_delay_ms: s.retry_delay_ms,
@@ -174,8 +175,8 @@ fn definition(s: &Settings) -> &'static StreamDefinition {
         });
     }
     let key = format!(
-        "{:?}{:?}{:?}{:?}{:?}",
-        d.checkpoint, d.retry, d.restart, d.deployment, d.concurrency
+        "{:?}{:?}{:?}{:?}{:?}{}",
+        d.checkpoint, d.retry, d.restart, d.deployment, d.concurrency, d.transactional
     );
     DEFINITIONS.with(|m| {
         *m.borrow_mut()
@@ -275,6 +276,7 @@ async fn simulate(schedule: &Schedule, opts: SimOptions) -> Result<SeedOutcome, 
         w.stats.concurrent_seeds = u64::from(schedule.settings.concurrency > 1);
         w.stats.shared_checkpoint_seeds = u64::from(shared);
         w.stats.snapshot_seeds = u64::from(snapshot.is_some());
+        w.stats.transactional_seeds = u64::from(schedule.is_transactional());
         w.log(format!(
             "seed {} settings {:?}",
             schedule.seed, schedule.settings
@@ -314,17 +316,29 @@ impl Sim<'_> {
     /// The source and stores of one runtime, wrapped so that each write names its runtime.
     pub(super) fn backend_for(&self, inc: u32) -> Backend {
         let (world, memory) = (self.world.clone(), self.memory.clone());
+        let checkpoints = Arc::new(RecCheckpoints {
+            world: world.clone(),
+            memory: memory.clone(),
+            inc,
+        });
+        // A transactional stream's commits write its checkpoint: recorded by this wrapper,
+        // whose `checkpoints()` is the recording store above.
+        let transactions = self.schedule.is_transactional().then(|| {
+            Arc::new(RecTransactions {
+                world: world.clone(),
+                memory: memory.clone(),
+                inc,
+                inner: MemoryTransactions::new(memory.clone()),
+                checkpoints: checkpoints.clone(),
+            }) as Arc<dyn TransactionStore>
+        });
         Backend {
             source: Arc::new(RecSource {
                 world: world.clone(),
                 memory: memory.clone(),
                 inc,
             }),
-            checkpoints: Arc::new(RecCheckpoints {
-                world: world.clone(),
-                memory: memory.clone(),
-                inc,
-            }),
+            checkpoints,
             dead_letters: Some(Arc::new(RecDeadLetters {
                 world: world.clone(),
                 memory: memory.clone(),
@@ -339,7 +353,7 @@ impl Sim<'_> {
                     inc,
                 }) as Arc<dyn LeaseStore>
             }),
-            transactions: None,
+            transactions,
             default_database: memory.default_database(),
         }
     }
@@ -386,6 +400,8 @@ impl Sim<'_> {
             .unkeyed_concurrency(self.opts.unkeyed_concurrency)
             .snapshot_start_after_scan(self.opts.snapshot_start_after_scan)
             .snapshot_rescan_from_zero(self.opts.snapshot_rescan_from_zero)
+            .checkpoint_outside_transaction(self.opts.checkpoint_outside_transaction)
+            .no_freeze_after_unknown_outcome(self.opts.no_freeze_after_unknown_outcome)
             // Lag sampling observes, it decides nothing; off, so that schedules (and the seeds
             // of known regressions) replay exactly as recorded.
             .lag_sampling(flowwarden::LagConfig {
@@ -420,6 +436,7 @@ impl Sim<'_> {
             i.ended = Some(tokio::time::Instant::now());
         }
         let tag = w.tag(inc);
+        w.unanswered(inc);
         let Some(st) = status else { return };
         if how == "graceful shutdown" {
             w.on_graceful_end(inc);
@@ -431,7 +448,14 @@ impl Sim<'_> {
             st.halt.as_ref().map(|h| format!("{:?}: {}", h.reason, without_wall_clock(&h.message))),
             c.received, c.handled, c.filtered, c.unrouted, c.retried, c.dead_lettered, c.redelivered, c.restarts, c.history_lost, c.checkpoints_saved, c.checkpoint_failures
         ));
+        if self.schedule.is_transactional() {
+            w.log(format!(
+                "{tag}transactions: {} committed, {} run again",
+                c.transactions_committed, c.transactions_retried
+            ));
+        }
         w.history_lost_finished += c.history_lost;
+        w.stats.transient_reruns += c.transactions_retried;
         let first = self.memory.oplog_first_retained();
         w.on_snapshot_runtime_end(inc, st.halt.as_ref(), first);
         w.stats.redeliveries += c.redelivered;

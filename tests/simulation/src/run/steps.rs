@@ -2,6 +2,7 @@
 //! crashes and restarts.
 
 use super::*;
+use crate::world::Trap;
 
 impl Sim<'_> {
     pub(super) fn write(&self, step: &Step) {
@@ -125,6 +126,8 @@ impl Sim<'_> {
                 },
                 "injected scan failure",
             ),
+            Step::CommitFailures { n, kind } => f.fail_next_commits(*n, *kind),
+            Step::CrashInCommit { applied } => self.crash_in_commit(*applied).await?,
             Step::Crash | Step::Restart | Step::GracefulRestart if self.shared() => {
                 self.shared_step(step).await?;
             }
@@ -308,6 +311,56 @@ impl Sim<'_> {
         w.slow_lease.clear();
     }
 
+    /// A shared-checkpoint crash of slot `c`: the orchestrator restarts the sibling that halted
+    /// `SharedCheckpoint`, which takes over once the crashed guard expires.
+    async fn shared_crash(&mut self, c: usize) -> Result<(), SimError> {
+        self.crash(c).await;
+        for i in 0..self.slots.len() {
+            if i != c
+                && self
+                    .status(i)
+                    .as_ref()
+                    .and_then(Self::ended_halted)
+                    .is_some()
+            {
+                self.shutdown(i).await;
+                self.start(i).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Arms the commit trap, waits (up to 30 s) for a runtime's commit to reach it, before or
+    /// after it `applied`, and crashes that runtime there: a crash while a commit is in flight.
+    async fn crash_in_commit(&mut self, applied: bool) -> Result<(), SimError> {
+        let notify = Arc::new(tokio::sync::Notify::new());
+        self.world.lock().txn.trap = Some(Trap {
+            applied,
+            hit: None,
+            notify: notify.clone(),
+        });
+        let _ = tokio::time::timeout(Duration::from_secs(30), notify.notified()).await;
+        let hit = self.world.lock().txn.trap.take().and_then(|t| t.hit);
+        let slot = hit.and_then(|inc| {
+            (0..self.slots.len())
+                .find(|i| self.slots[*i].inc == inc && self.slots[*i].runtime.is_some())
+        });
+        let (Some(inc), Some(i)) = (hit, slot) else {
+            self.log("no commit reached the trap within 30 s: nothing to crash");
+            return Ok(());
+        };
+        if self.shared() {
+            return self.shared_crash(i).await;
+        }
+        let leader = self.leader.is_some() && self.leader_slot() == Some(i);
+        let standbys = self.standbys(Some(i));
+        self.crash(i).await;
+        if leader {
+            self.expect_takeover("crash of the leader in a commit", inc, standbys);
+        }
+        Ok(())
+    }
+
     /// Crash, restart and graceful restart when two runtimes share one checkpoint: they act on
     /// the runtime that consumes (holds the guard). After a crash the orchestrator restarts the
     /// sibling that halted `SharedCheckpoint`, which takes over once the crashed guard expires.
@@ -319,19 +372,7 @@ impl Sim<'_> {
                     self.log("no consuming runtime to crash");
                     return Ok(());
                 };
-                self.crash(c).await;
-                for i in 0..self.slots.len() {
-                    if i != c
-                        && self
-                            .status(i)
-                            .as_ref()
-                            .and_then(Self::ended_halted)
-                            .is_some()
-                    {
-                        self.shutdown(i).await;
-                        self.start(i).await?;
-                    }
-                }
+                self.shared_crash(c).await?;
             }
             Step::Restart => {
                 if let Some(i) = (0..self.slots.len()).find(|i| self.slots[*i].runtime.is_none()) {

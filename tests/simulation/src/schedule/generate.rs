@@ -6,12 +6,15 @@ use flowwarden::{OnHistoryLost, ResumeStrategy};
 
 use super::{
     Behaviour, FilterKind, LeaderSettings, PipelineKind, Schedule, Settings, Step,
-    MULTI_INSTANCE_PCT, SHARED_CHECKPOINT_PCT, SNAPSHOT_PCT, STATUSES,
+    MULTI_INSTANCE_PCT, SHARED_CHECKPOINT_PCT, SNAPSHOT_PCT, STATUSES, TRANSACTIONAL_PCT,
 };
 use crate::rng::{mix, SplitMix64};
 
 /// The salt of the snapshot generator (`mix(seed ^ SNAPSHOT_SALT)`).
 const SNAPSHOT_SALT: u64 = 0x736E_6170_7368_6F74;
+
+/// The salt of the transactional generator (`mix(seed ^ TRANSACTIONAL_SALT)`).
+const TRANSACTIONAL_SALT: u64 = 0x7472_616E_7361_6374;
 
 /// One write over `keys` keys: an insert of an absent key, else an update, a replace or a
 /// delete (the order of draws is part of every seed's schedule: do not change it).
@@ -103,6 +106,7 @@ impl Schedule {
             shared_checkpoint: false,
             concurrency: 1,
             snapshot: None,
+            transactional: None,
         };
         // From its own generator, so every other draw of the seed stays what it was.
         let mut conc = SplitMix64::new(mix(seed ^ 0x636F_6E63_7572_2121));
@@ -132,6 +136,13 @@ impl Schedule {
             Self::generate_deployment(seed, r, side, settings, present, initial_keys);
         if snapshot {
             super::snapshot::add_faults(&mut snap, &mut schedule);
+        }
+        // Transactional or not, from its own generator too, decided last: every other seed
+        // keeps its schedule, and a transactional seed keeps every other draw (its concurrency
+        // becomes 1, its commits draw their latency and faults: `schedule/transactional.rs`).
+        let mut txn = SplitMix64::new(mix(seed ^ TRANSACTIONAL_SALT));
+        if txn.chance(TRANSACTIONAL_PCT) {
+            super::transactional::apply(&mut txn, &mut schedule);
         }
         schedule
     }

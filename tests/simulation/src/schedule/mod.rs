@@ -5,11 +5,13 @@
 //!
 //! By concept: this module holds the settings and the schedule; `step` the steps (writes,
 //! time, faults); `generate` how a seed becomes a schedule; `snapshot` what a seed that
-//! starts with an initial snapshot draws on top.
+//! starts with an initial snapshot draws on top; `transactional` what a seed whose stream is
+//! `transactional = true` draws on top.
 
 mod generate;
 mod snapshot;
 mod step;
+mod transactional;
 
 pub use step::Step;
 
@@ -127,6 +129,26 @@ pub struct Settings {
     /// `Some`: the stream starts with `start_position = Snapshot` (an initial snapshot of the
     /// documents present before the start); `None`: `start_position = Resume`.
     pub snapshot: Option<SnapshotSettings>,
+    /// `Some`: the stream is `transactional = true` (then `concurrency` is 1) on the in-memory
+    /// backend's transactions, and its handler writes each event's effect through the
+    /// transaction; `None`: an ordinary (at-least-once) stream.
+    pub transactional: Option<TransactionalSettings>,
+}
+
+/// A `transactional = true` stream: each handled event's effect (its `effects` document's
+/// counter, and a running total) commits with the checkpoint past the event. A commit takes
+/// virtual time both ways, so that crashes, stops and zombies land while it is in flight.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransactionalSettings {
+    /// How long a commit's request takes to reach the store, in ms (a crash meanwhile: nothing
+    /// is applied).
+    pub commit_request_ms: u64,
+    /// How long a commit's reply takes to come back, in ms (a crash or an abandoned stop
+    /// meanwhile: the commit applied and the runtime does not know).
+    pub commit_reply_ms: u64,
+    /// The handler also increments a running total in the same transaction (a second write:
+    /// the total must equal the sum of the effects, so no commit applied half of them).
+    pub second_write: bool,
 }
 
 /// An initial snapshot (`start_position = Snapshot`): the scan must take virtual time, so
@@ -174,10 +196,19 @@ pub const MULTI_INSTANCE_PCT: u64 = 30;
 /// Snapshot`), single- and multi-instance alike.
 pub const SNAPSHOT_PCT: u64 = 20;
 
+/// Percent of seeds whose stream is `transactional = true` (single- and multi-instance,
+/// snapshot starts included; always `concurrency = 1`).
+pub const TRANSACTIONAL_PCT: u64 = 25;
+
 impl Schedule {
     /// Whether this is a multi-instance (`SingleLeader`) schedule.
     pub fn is_multi_instance(&self) -> bool {
         self.settings.leader.is_some()
+    }
+
+    /// Whether the stream is `transactional = true`.
+    pub fn is_transactional(&self) -> bool {
+        self.settings.transactional.is_some()
     }
 
     /// Whether no step injects a fault.

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use flowwarden::port::TransactionErrorKind;
+
 /// One step of a schedule.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
@@ -71,6 +73,24 @@ pub enum Step {
         n: usize,
         /// Not resumable.
         fatal: bool,
+    },
+    /// Transactional schedules: the next `n` commits of the in-memory transactions fail with
+    /// `kind` (`Faults::fail_next_commits`; `CommitUnknown` applies the commit, then reports
+    /// its reply lost).
+    CommitFailures {
+        /// How many commits.
+        n: usize,
+        /// How each fails.
+        kind: TransactionErrorKind,
+    },
+    /// Transactional schedules: the next commit any runtime sends is held, before it reaches
+    /// the store (`applied = false`: the request is in flight) or after it applied (`applied =
+    /// true`: the reply is in flight), and that runtime crashes there (the leader's slot or the
+    /// consuming one is then down until a later start). Nothing happens if no commit comes
+    /// within 30 s.
+    CrashInCommit {
+        /// The commit applied before the crash.
+        applied: bool,
     },
     /// Process crash: stream tasks aborted where they stand, nothing flushed.
     Crash,
@@ -171,6 +191,15 @@ impl Step {
             Step::DeadLetterPutFailures(_) => "dead_letter_put_failures",
             Step::OpenFailures(_) => "open_failures",
             Step::ScanFailures { .. } => "scan_failures",
+            Step::CommitFailures { kind, .. } => match kind {
+                TransactionErrorKind::Transient => "commit_failures_transient",
+                TransactionErrorKind::Unavailable => "commit_failures_unavailable",
+                TransactionErrorKind::Rejected => "commit_failures_rejected",
+                TransactionErrorKind::CommitUnknown => "commit_failures_unknown",
+                TransactionErrorKind::Fenced => "commit_failures_fenced",
+            },
+            Step::CrashInCommit { applied: false } => "crash_in_commit_request",
+            Step::CrashInCommit { applied: true } => "crash_in_commit_reply",
             Step::Crash => "crash",
             Step::Restart => "restart",
             Step::CrashLeader => "crash_leader",
@@ -231,6 +260,18 @@ impl fmt::Display for Step {
                 f,
                 "FAULT fail next {n} scans{}",
                 if *fatal { " (fatal)" } else { "" }
+            ),
+            Step::CommitFailures { n, kind } => {
+                write!(f, "FAULT fail next {n} commits ({kind:?})")
+            }
+            Step::CrashInCommit { applied } => write!(
+                f,
+                "CRASH while a commit is in flight ({})",
+                if *applied {
+                    "after it applied: the reply is lost"
+                } else {
+                    "before it reached the store"
+                }
             ),
             Step::Crash => f.write_str("CRASH"),
             Step::Restart => f.write_str("RESTART"),

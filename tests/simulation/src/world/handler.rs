@@ -1,6 +1,12 @@
 //! The simulated stream: its document type, definition and handler, whose behaviour comes
-//! from the schedule and whose every call is recorded.
+//! from the schedule and whose every call is recorded. In a transactional schedule the handler
+//! takes its transaction (`ctx.transaction::<MemoryTransaction>()`) and writes the event's
+//! effect through it before it behaves as drawn; its success is then pending until the commit.
 
+use flowwarden::port::HandleType;
+use flowwarden::MemoryTransaction;
+
+use super::transactions::{Pending, Subject};
 use super::*;
 
 /// The document type of the simulated stream (a document with `n` of another type does not
@@ -64,30 +70,17 @@ pub(crate) struct SimHandler {
     pub(crate) inc: u32,
 }
 
-/// What the handler is invoked with: a change (its oplog sequence) or a snapshot read (its
-/// key).
-#[derive(Clone, Copy)]
-enum Subject {
-    Change(u64),
-    Read(i32),
-}
-
-impl std::fmt::Display for Subject {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Subject::Change(seq) => write!(f, "#{seq}"),
-            Subject::Read(k) => write!(f, "scan k{k}"),
-        }
-    }
-}
-
 /// The `#[filter]` on a snapshot read: the schedule's filter (the document's status), and
 /// invariant 9 on its first attempt with several runtimes.
 fn snapshot_filter(w: &mut WorldState, inc: u32, ctx: &ChangeContext<Item>) -> bool {
     let Some(k) = key_of(ctx) else {
         return true;
     };
-    if (w.settings.leader.is_some() || w.settings.shared_checkpoint) && ctx.attempt() == 1 {
+    // A transaction run again after a transient error calls the filter again with attempt 1:
+    // the read it had in processing, not a new one.
+    let rerun = w.transaction_rerun(inc, Subject::Read(k));
+    if (w.settings.leader.is_some() || w.settings.shared_checkpoint) && ctx.attempt() == 1 && !rerun
+    {
         w.check_consumer(inc, &format!("the snapshot read of k{k}"));
     }
     let keep = match w.settings.filter {
@@ -128,6 +121,10 @@ impl StreamHandler for SimHandler {
         PIPELINE.with(|p| p.borrow().clone())
     }
 
+    fn transaction_types() -> Vec<HandleType> {
+        vec![HandleType::of::<MemoryTransaction>()]
+    }
+
     fn filter(&self, ctx: &ChangeContext<Item>) -> bool {
         let mut w = self.world.lock();
         if ctx.is_snapshot() {
@@ -135,7 +132,11 @@ impl StreamHandler for SimHandler {
         }
         if (w.settings.leader.is_some() || w.settings.shared_checkpoint) && ctx.attempt() == 1 {
             if let Some(seq) = token_seq(ctx.resume_token()) {
-                w.check_consumer(self.inc, &format!("#{seq}"));
+                // A transaction run again after a transient error calls the filter again with
+                // attempt 1: the event it has in processing, not a new one.
+                if !w.transaction_rerun(self.inc, Subject::Change(seq)) {
+                    w.check_consumer(self.inc, &format!("#{seq}"));
+                }
             }
         }
         let key = key_of(ctx);
@@ -225,6 +226,14 @@ impl StreamHandler for SimHandler {
         };
         w.stats.invocations += 1;
         let label = subject.to_string();
+        let second_write = w.settings.transactional.as_ref().map(|t| t.second_write);
+        let tx = ctx.transaction::<MemoryTransaction>();
+        if second_write.is_some() && tx.is_none() {
+            w.violate(
+                Invariant::EffectsExactlyOnce,
+                format!("{tag}the handler of {label} runs without a transaction handle"),
+            );
+        }
         w.log(format!(
             "{tag}invoke {label} {op} k{} attempt {} (call {call}, {latency}ms)",
             key.unwrap_or(-1),
@@ -274,7 +283,34 @@ impl StreamHandler for SimHandler {
                     }
                 ));
             }
+            // The effect first, whatever the outcome: a failing attempt's writes are aborted.
+            if let (Some(tx), Some(second)) = (&tx, second_write) {
+                if let Err(e) = write_effect(tx, subject, second) {
+                    w.log(format!("{tag}fail {label}: the effect write failed: {e}"));
+                    return Err(HandlerError::msg(format!("effect write of {label}: {e}")));
+                }
+            }
             match outcome {
+                Outcome::Ok if second_write.is_some() => {
+                    w.log(format!(
+                        "{tag}success {label} (its transaction's commit decides)"
+                    ));
+                    let event = match subject {
+                        Subject::Change(_) => ctx.raw_event().clone(),
+                        Subject::Read(_) => {
+                            ctx.event().full_document().cloned().unwrap_or_default()
+                        }
+                    };
+                    w.on_transactional_success(
+                        inc,
+                        Pending {
+                            subject,
+                            key,
+                            event,
+                        },
+                    );
+                    Ok(())
+                }
                 Outcome::Ok => {
                     w.log(format!("{tag}success {label}"));
                     match subject {
@@ -313,4 +349,23 @@ impl StreamHandler for SimHandler {
             && error.to_string().starts_with("permanent"))
         .then_some(ErrorAction::DeadLetter)
     }
+}
+
+/// Writes the effect of `subject` through the transaction: its counter in `effects` and, with
+/// `second`, the running total.
+fn write_effect(
+    tx: &MemoryTransaction,
+    subject: Subject,
+    second: bool,
+) -> Result<(), flowwarden::MemoryError> {
+    let inc = bson::doc! {"$inc": {"n": 1}};
+    tx.upsert_one(
+        super::EFFECTS,
+        bson::doc! {"_id": subject.effect_id()},
+        inc.clone(),
+    )?;
+    if second {
+        tx.upsert_one(super::TOTALS, bson::doc! {"_id": "all"}, inc)?;
+    }
+    Ok(())
 }

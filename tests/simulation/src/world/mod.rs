@@ -15,19 +15,22 @@
 //!
 //! By concept: this module holds the recorded state and the checks of invariants 1–5;
 //! `leadership` the lease mirror and the checks of invariants 6–10; `snapshot` the initial
-//! snapshot's ground truth and invariants 12–14; `handler` the simulated handler; `recorders`
-//! the store and source wrappers that feed the state.
+//! snapshot's ground truth and invariants 12–14; `transactions` the transactional stream's
+//! ground truth and invariant 15; `handler` the simulated handler; `recorders` the store and
+//! source wrappers that feed the state.
 
 mod handler;
 mod keyed;
 mod leadership;
 mod recorders;
 mod snapshot;
+mod transactions;
 
 pub use handler::Item;
 pub(crate) use handler::{set_pipeline, SimHandler, DEFAULT_DEF, PANIC_MARK};
-pub(crate) use recorders::{RecCheckpoints, RecDeadLetters, RecLeases, RecSource};
+pub(crate) use recorders::{RecCheckpoints, RecDeadLetters, RecLeases, RecSource, RecTransactions};
 pub(crate) use snapshot::{int_key, SnapshotTruth};
+pub(crate) use transactions::{counter, Trap, TxnTruth, EFFECTS, TOTALS};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -39,7 +42,7 @@ use flowwarden::port::PutOutcome;
 use flowwarden::port::{
     ChangeCursor, ChangeSource, Checkpoint, CheckpointStore, DeadLetterQuery, DeadLetterRecord,
     DeadLetterStatus, DeadLetterStore, Lease, LeaseStore, SourceError, SourceItem, StartAt,
-    StoreError, StoreErrorKind, WatchSpec,
+    StoreError, StoreErrorKind, TransactionError, TransactionErrorKind, WatchSpec,
 };
 use flowwarden::{
     ChangeContext, ErrorAction, Halt, HaltReason, HandlerError, HandlerFuture, MemoryBackend,
@@ -188,6 +191,8 @@ pub(crate) struct WorldState {
     pub(crate) left_unsettled: BTreeSet<u64>,
     /// The initial snapshot (invariants 12–14).
     pub(crate) snap: SnapshotTruth,
+    /// The transactional stream (invariant 15).
+    pub(crate) txn: TxnTruth,
 }
 
 /// One runtime started by the harness.
@@ -239,6 +244,7 @@ pub(crate) struct World {
 impl World {
     pub(crate) fn new(seed: u64, settings: Settings) -> Arc<World> {
         let snapshot = settings.snapshot.is_some();
+        let transactional = settings.transactional.is_some();
         Arc::new(World {
             state: Mutex::new(WorldState {
                 last_open_refused_oldest: false,
@@ -280,6 +286,7 @@ impl World {
                 received_open: BTreeMap::new(),
                 left_unsettled: BTreeSet::new(),
                 snap: SnapshotTruth::new(snapshot),
+                txn: TxnTruth::new(transactional),
             }),
         })
     }
@@ -383,6 +390,12 @@ impl WorldState {
 
     /// Invariant 2, at the instant a checkpoint is written.
     pub(crate) fn check_checkpoint(&mut self, cp: &Checkpoint) {
+        self.check_checkpoint_excusing(cp, None);
+    }
+
+    /// Invariant 2 on a checkpoint that may pass `excused` (the event of a commit that was not
+    /// applied: its checkpoint passes only that event).
+    pub(crate) fn check_checkpoint_excusing(&mut self, cp: &Checkpoint, excused: Option<u64>) {
         for (label, pos) in [
             ("lastSeen", &cp.last_seen),
             ("lastProcessed", &cp.last_processed),
@@ -392,7 +405,7 @@ impl WorldState {
             };
             let bad = self
                 .checked_changes(seq)
-                .find(|c| !self.accounted(c))
+                .find(|c| !self.accounted(c) && Some(c.seq) != excused)
                 .map(|c| c.to_string());
             if let Some(c) = bad {
                 self.violate(

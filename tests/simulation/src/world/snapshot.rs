@@ -265,6 +265,11 @@ impl WorldState {
         self.snap.stored = Some(StoredSnapshot { start, last_id });
     }
 
+    /// Whether a scan batch returned the document of `key`.
+    pub(crate) fn snapshot_scanned(&self, key: i32) -> bool {
+        self.snap.reads.get(&key).is_some_and(|r| r.scanned > 0)
+    }
+
     /// The handler is invoked with the snapshot read of `key`: how many times before.
     pub(crate) fn snapshot_call(&mut self, key: i32) -> u32 {
         let r = self.snap.reads.entry(key).or_default();
