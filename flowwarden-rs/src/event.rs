@@ -5,19 +5,23 @@
 //! undecodable document is a failure of that event and never moves a position by itself.
 
 use std::fmt;
+use std::sync::Arc;
 
 use bson::{Bson, DateTime, Document, Timestamp};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// An opaque, ordered stream position as the server issues it (`{_data: "<hex>"}`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct ResumeToken(Document);
+///
+/// The document is shared: cloning a token (the tracker, the checkpoint, the lag probe and the
+/// dead-letter record each keep one) copies a pointer, not the document. It serializes as the
+/// bare document.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResumeToken(Arc<Document>);
 
 impl ResumeToken {
     /// Wraps a token document as the server returned it.
     pub fn from_document(doc: Document) -> Self {
-        Self(doc)
+        Self(Arc::new(doc))
     }
 
     /// The token as a BSON document, for storing it or handing it back to the server.
@@ -25,9 +29,9 @@ impl ResumeToken {
         &self.0
     }
 
-    /// Consumes the token into its document.
+    /// Consumes the token into its document (a copy only when the token is still shared).
     pub fn into_document(self) -> Document {
-        self.0
+        Arc::unwrap_or_clone(self.0)
     }
 
     /// The `_data` string of the token, when it has one.
@@ -66,6 +70,18 @@ impl ResumeToken {
         let time = u32::from_str_radix(&head[2..10], 16).ok()?;
         let increment = u32::from_str_radix(&head[10..18], 16).ok()?;
         Some(Timestamp { time, increment })
+    }
+}
+
+impl Serialize for ResumeToken {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for ResumeToken {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Document::deserialize(deserializer).map(Self::from_document)
     }
 }
 
@@ -368,6 +384,22 @@ mod tests {
                 increment: 1
             })
         );
+    }
+
+    #[test]
+    fn a_token_serializes_as_its_bare_document_and_clones_share_it() {
+        let doc = doc! {"_data": "8200AB"};
+        let token = ResumeToken::from_document(doc.clone());
+        assert_eq!(
+            bson::to_bson(&token).expect("serializes"),
+            Bson::Document(doc.clone())
+        );
+        let back: ResumeToken = bson::from_bson(Bson::Document(doc.clone())).expect("deserializes");
+        assert_eq!(back, token);
+        let copy = token.clone();
+        assert!(std::ptr::eq(copy.as_document(), token.as_document()));
+        assert_eq!(copy.into_document(), doc, "a shared token copies out");
+        assert_eq!(token.into_document(), doc, "the last one moves out");
     }
 
     #[test]
