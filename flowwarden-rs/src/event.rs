@@ -5,7 +5,7 @@
 //! undecodable document is a failure of that event and never moves a position by itself.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bson::{Bson, DateTime, Document, Timestamp};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -194,19 +194,20 @@ pub struct SplitEvent {
 }
 
 /// An event as received from the source: the raw document plus the fields the runtime routes on.
-#[derive(Debug, Clone)]
+///
+/// Only what every event needs is read when it is received (the token, the operation type and
+/// the times); the other fields are read from the raw document when asked for (`documentKey`,
+/// `lsid`, `txnNumber`, `splitEvent` in place, `ns` and `updateDescription` once, then kept),
+/// so an event is not copied on its way to the handler.
+#[derive(Clone)]
 pub struct ChangeEvent {
     raw: Document,
     token: ResumeToken,
     operation_type: OperationType,
-    namespace: Namespace,
-    document_key: Option<Document>,
     cluster_time: Option<Timestamp>,
     wall_time: Option<DateTime>,
-    txn_number: Option<i64>,
-    lsid: Option<Document>,
-    update_description: Option<UpdateDescription>,
-    split: Option<SplitEvent>,
+    namespace: OnceLock<Namespace>,
+    update_description: OnceLock<Option<UpdateDescription>>,
 }
 
 /// A raw event the runtime cannot even identify (no usable `_id` or `operationType`).
@@ -237,46 +238,13 @@ impl ChangeEvent {
                 })
             }
         };
-        let namespace = match raw.get_document("ns") {
-            Ok(ns) => Namespace {
-                db: ns.get_str("db").unwrap_or_default().to_owned(),
-                coll: ns.get_str("coll").ok().map(str::to_owned),
-            },
-            Err(_) => Namespace::default(),
-        };
-        let update_description =
-            raw.get_document("updateDescription")
-                .ok()
-                .map(|u| UpdateDescription {
-                    updated_fields: u.get_document("updatedFields").cloned().unwrap_or_default(),
-                    removed_fields: u
-                        .get_array("removedFields")
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(|b| b.as_str().map(str::to_owned))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                    truncated_arrays: u
-                        .get_array("truncatedArrays")
-                        .map(|a| a.iter().filter_map(|b| b.as_document().cloned()).collect())
-                        .unwrap_or_default(),
-                });
-        let split = raw.get_document("splitEvent").ok().map(|s| SplitEvent {
-            fragment: int_field(s, "fragment").unwrap_or(1),
-            of: int_field(s, "of").unwrap_or(1),
-        });
         Ok(Self {
             token,
             operation_type,
-            namespace,
-            document_key: raw.get_document("documentKey").ok().cloned(),
             cluster_time: raw.get_timestamp("clusterTime").ok(),
             wall_time: raw.get_datetime("wallTime").ok().copied(),
-            txn_number: raw.get_i64("txnNumber").ok(),
-            lsid: raw.get_document("lsid").ok().cloned(),
-            update_description,
-            split,
+            namespace: OnceLock::new(),
+            update_description: OnceLock::new(),
             raw,
         })
     }
@@ -296,14 +264,21 @@ impl ChangeEvent {
         &self.operation_type
     }
 
-    /// `ns`.
+    /// `ns` (empty when the event has none).
     pub fn namespace(&self) -> &Namespace {
-        &self.namespace
+        self.namespace
+            .get_or_init(|| match self.raw.get_document("ns") {
+                Ok(ns) => Namespace {
+                    db: ns.get_str("db").unwrap_or_default().to_owned(),
+                    coll: ns.get_str("coll").ok().map(str::to_owned),
+                },
+                Err(_) => Namespace::default(),
+            })
     }
 
     /// `documentKey` (the `_id`, plus the shard key on sharded collections).
     pub fn document_key(&self) -> Option<&Document> {
-        self.document_key.as_ref()
+        self.raw.get_document("documentKey").ok()
     }
 
     /// `clusterTime`: the operation's time in the oplog.
@@ -318,22 +293,52 @@ impl ChangeEvent {
 
     /// `txnNumber`, for events written in a transaction.
     pub fn txn_number(&self) -> Option<i64> {
-        self.txn_number
+        self.raw.get_i64("txnNumber").ok()
     }
 
     /// `lsid`, for events written in a session.
     pub fn lsid(&self) -> Option<&Document> {
-        self.lsid.as_ref()
+        self.raw.get_document("lsid").ok()
     }
 
     /// `updateDescription`, for updates.
     pub fn update_description(&self) -> Option<&UpdateDescription> {
-        self.update_description.as_ref()
+        self.update_description
+            .get_or_init(|| {
+                self.raw
+                    .get_document("updateDescription")
+                    .ok()
+                    .map(|u| UpdateDescription {
+                        updated_fields: u
+                            .get_document("updatedFields")
+                            .cloned()
+                            .unwrap_or_default(),
+                        removed_fields: u
+                            .get_array("removedFields")
+                            .map(|a| {
+                                a.iter()
+                                    .filter_map(|b| b.as_str().map(str::to_owned))
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
+                        truncated_arrays: u
+                            .get_array("truncatedArrays")
+                            .map(|a| a.iter().filter_map(|b| b.as_document().cloned()).collect())
+                            .unwrap_or_default(),
+                    })
+            })
+            .as_ref()
     }
 
     /// `splitEvent`, for fragments of a large event.
     pub fn split(&self) -> Option<SplitEvent> {
-        self.split
+        self.raw
+            .get_document("splitEvent")
+            .ok()
+            .map(|s| SplitEvent {
+                fragment: int_field(s, "fragment").unwrap_or(1),
+                of: int_field(s, "of").unwrap_or(1),
+            })
     }
 
     /// `fullDocument`, when present and not null.
@@ -344,6 +349,24 @@ impl ChangeEvent {
     /// `fullDocumentBeforeChange`, when present and not null.
     pub fn full_document_before_change(&self) -> Option<&Document> {
         self.raw.get_document("fullDocumentBeforeChange").ok()
+    }
+}
+
+impl fmt::Debug for ChangeEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChangeEvent")
+            .field("raw", &self.raw)
+            .field("token", &self.token)
+            .field("operation_type", &self.operation_type)
+            .field("namespace", self.namespace())
+            .field("document_key", &self.document_key())
+            .field("cluster_time", &self.cluster_time)
+            .field("wall_time", &self.wall_time)
+            .field("txn_number", &self.txn_number())
+            .field("lsid", &self.lsid())
+            .field("update_description", &self.update_description())
+            .field("split", &self.split())
+            .finish()
     }
 }
 
@@ -383,6 +406,49 @@ mod tests {
                 time: 5,
                 increment: 1
             })
+        );
+    }
+
+    #[test]
+    fn fields_read_on_demand_match_the_raw_event() {
+        let lsid = doc! {"id": 1, "uid": 2};
+        let raw = doc! {
+            "_id": {"_data": "00AC"},
+            "operationType": "insert",
+            "ns": {"db": "shop"},
+            "txnNumber": 9_i64,
+            "lsid": lsid.clone(),
+            "splitEvent": {"fragment": 2, "of": 3_i64},
+            "wallTime": DateTime::from_millis(1_000),
+        };
+        let ev = ChangeEvent::from_raw(raw.clone()).expect("parses");
+        assert_eq!(ev.raw(), &raw, "the raw event is kept whole");
+        assert_eq!(
+            ev.namespace(),
+            &Namespace {
+                db: "shop".into(),
+                coll: None
+            }
+        );
+        assert_eq!(ev.txn_number(), Some(9));
+        assert_eq!(ev.lsid(), Some(&lsid));
+        assert_eq!(ev.split(), Some(SplitEvent { fragment: 2, of: 3 }));
+        assert_eq!(ev.wall_time(), Some(DateTime::from_millis(1_000)));
+        assert_eq!(ev.document_key(), None);
+        assert_eq!(ev.update_description(), None);
+        assert_eq!(ev.full_document(), None);
+        assert_eq!(ev.cluster_time(), None);
+        // A clone answers the same, before and after the lazy fields were read.
+        let copy = ev.clone();
+        assert_eq!(copy.namespace(), ev.namespace());
+        assert_eq!(copy.token(), ev.token());
+
+        let bare = ChangeEvent::from_raw(doc! {"_id": {"_data": "00AD"}, "operationType": "drop"})
+            .expect("parses");
+        assert_eq!(bare.namespace(), &Namespace::default());
+        assert_eq!(
+            (bare.txn_number(), bare.lsid(), bare.split()),
+            (None, None, None)
         );
     }
 
