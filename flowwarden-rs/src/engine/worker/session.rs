@@ -9,6 +9,7 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tracing::{debug, info, warn, Instrument};
 
 use super::backoff::stopped;
+use super::redelivery::RecentKey;
 use super::{SessionEnd, Worker};
 use crate::definition::StreamDefinition;
 use crate::engine::lag::PUBLISH_EVERY;
@@ -154,7 +155,8 @@ impl<H: StreamHandler> Worker<H> {
         };
         self.metrics.received.increment(1);
         self.env.probe.set_caught_up(false);
-        let redelivered = self.recent.contains(event.token());
+        let recent_key = RecentKey::of(event.token());
+        let redelivered = self.recent.contains(recent_key);
         if redelivered {
             self.metrics.redelivered.increment(1);
             debug!(stream = name, token = %event.token(), "event delivered again after it was settled; processing it again (at-least-once)");
@@ -179,6 +181,7 @@ impl<H: StreamHandler> Worker<H> {
             event,
             ticket,
             invalidate,
+            recent_key,
         })
     }
 
@@ -193,7 +196,7 @@ impl<H: StreamHandler> Worker<H> {
         self.progress.tracker.settle(admitted.ticket, how);
         self.publish_position(false);
         if how != Settlement::Filtered && how != Settlement::Unrouted {
-            self.recent.insert(admitted.event.token());
+            self.recent.insert(admitted.recent_key);
         }
         let due = save_now
             || self.progress.tracker.processed_since_save() >= self.def.checkpoint.save_every_n
@@ -283,6 +286,8 @@ pub(super) struct Admitted {
     pub(super) event: Arc<ChangeEvent>,
     pub(super) ticket: Ticket,
     pub(super) invalidate: bool,
+    /// The event's key in the redelivery memory, computed once on receipt.
+    pub(super) recent_key: Option<RecentKey>,
 }
 
 /// The span every event's processing runs in.
