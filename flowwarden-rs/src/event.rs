@@ -5,7 +5,7 @@
 //! undecodable document is a failure of that event and never moves a position by itself.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 
 use bson::{Bson, DateTime, Document, Timestamp};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -13,30 +13,74 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// An opaque, ordered stream position as the server issues it (`{_data: "<hex>"}`).
 ///
 /// The document is shared: cloning a token (the tracker, the checkpoint, the lag probe and the
-/// dead-letter record each keep one) copies a pointer, not the document. It serializes as the
-/// bare document.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ResumeToken(Arc<Document>);
+/// dead-letter record each keep one) copies a pointer, not the document. The token of a
+/// received event ([`ChangeEvent::token`]) is the event's own `_id`, read in place, so a clone
+/// of it keeps the event's raw document alive as long as it lives; the runtime keeps such a
+/// clone only for the latest settled positions. It serializes as the bare document.
+#[derive(Clone)]
+pub struct ResumeToken(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    /// A token document of its own.
+    Own(Arc<Document>),
+    /// The `_id` of this raw change event (a document, checked when the event was received).
+    InEvent(Arc<Document>),
+}
+
+/// The `_id` document of a raw event whose `_id` was checked to be a document. The server puts
+/// `_id` first; any other place is looked up.
+fn event_id(raw: &Document) -> &Document {
+    static EMPTY: LazyLock<Document> = LazyLock::new(Document::new);
+    match raw.iter().next() {
+        Some((key, Bson::Document(id))) if key == "_id" => id,
+        _ => match raw.get("_id") {
+            Some(Bson::Document(id)) => id,
+            // Unreachable: the event was checked on receipt and cannot be changed since.
+            _ => &EMPTY,
+        },
+    }
+}
 
 impl ResumeToken {
     /// Wraps a token document as the server returned it.
     pub fn from_document(doc: Document) -> Self {
-        Self(Arc::new(doc))
+        Self(Repr::Own(Arc::new(doc)))
+    }
+
+    /// The token of a raw event whose `_id` the caller checked to be a document, sharing it.
+    fn of_event(raw: &Arc<Document>) -> Self {
+        Self(Repr::InEvent(raw.clone()))
     }
 
     /// The token as a BSON document, for storing it or handing it back to the server.
     pub fn as_document(&self) -> &Document {
-        &self.0
+        match &self.0 {
+            Repr::Own(doc) => doc,
+            Repr::InEvent(raw) => event_id(raw),
+        }
     }
 
     /// Consumes the token into its document (a copy only when the token is still shared).
     pub fn into_document(self) -> Document {
-        Arc::unwrap_or_clone(self.0)
+        match self.0 {
+            Repr::Own(doc) => Arc::unwrap_or_clone(doc),
+            Repr::InEvent(raw) => event_id(&raw).clone(),
+        }
+    }
+
+    /// The same token, holding its document on its own (not its event's): for a position that
+    /// is kept for long, so it does not keep a whole event alive.
+    pub(crate) fn detached(&self) -> Self {
+        match &self.0 {
+            Repr::Own(_) => self.clone(),
+            Repr::InEvent(raw) => Self::from_document(event_id(raw).clone()),
+        }
     }
 
     /// The `_data` string of the token, when it has one.
     pub fn data(&self) -> Option<&str> {
-        self.0.get_str("_data").ok()
+        self.as_document().get_str("_data").ok()
     }
 
     /// The order of two positions of one stream, when both tokens carry a hex `_data` string:
@@ -73,9 +117,23 @@ impl ResumeToken {
     }
 }
 
+impl PartialEq for ResumeToken {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_document() == other.as_document()
+    }
+}
+
+impl fmt::Debug for ResumeToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ResumeToken")
+            .field(self.as_document())
+            .finish()
+    }
+}
+
 impl Serialize for ResumeToken {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(serializer)
+        self.as_document().serialize(serializer)
     }
 }
 
@@ -89,7 +147,7 @@ impl fmt::Display for ResumeToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.data() {
             Some(data) => f.write_str(data),
-            None => write!(f, "{}", self.0),
+            None => write!(f, "{}", self.as_document()),
         }
     }
 }
@@ -201,7 +259,7 @@ pub struct SplitEvent {
 /// so an event is not copied on its way to the handler.
 #[derive(Clone)]
 pub struct ChangeEvent {
-    raw: Document,
+    raw: Arc<Document>,
     token: ResumeToken,
     operation_type: OperationType,
     cluster_time: Option<Timestamp>,
@@ -222,14 +280,11 @@ impl ChangeEvent {
     /// Reads the routing fields of a raw event. Fails only when the event cannot be identified
     /// (no `_id` token document or no `operationType`); other odd fields are left to decoding.
     pub fn from_raw(raw: Document) -> Result<Self, EventParseError> {
-        let token = match raw.get("_id") {
-            Some(Bson::Document(d)) => ResumeToken::from_document(d.clone()),
-            _ => {
-                return Err(EventParseError {
-                    reason: "`_id` (the resume token) is missing or not a document".into(),
-                })
-            }
-        };
+        if !matches!(raw.get("_id"), Some(Bson::Document(_))) {
+            return Err(EventParseError {
+                reason: "`_id` (the resume token) is missing or not a document".into(),
+            });
+        }
         let operation_type = match raw.get_str("operationType") {
             Ok(s) => OperationType::parse(s),
             Err(_) => {
@@ -238,11 +293,14 @@ impl ChangeEvent {
                 })
             }
         };
+        let cluster_time = raw.get_timestamp("clusterTime").ok();
+        let wall_time = raw.get_datetime("wallTime").ok().copied();
+        let raw = Arc::new(raw);
         Ok(Self {
-            token,
+            token: ResumeToken::of_event(&raw),
             operation_type,
-            cluster_time: raw.get_timestamp("clusterTime").ok(),
-            wall_time: raw.get_datetime("wallTime").ok().copied(),
+            cluster_time,
+            wall_time,
             namespace: OnceLock::new(),
             update_description: OnceLock::new(),
             raw,
@@ -466,6 +524,38 @@ mod tests {
         assert!(std::ptr::eq(copy.as_document(), token.as_document()));
         assert_eq!(copy.into_document(), doc, "a shared token copies out");
         assert_eq!(token.into_document(), doc, "the last one moves out");
+    }
+
+    #[test]
+    fn an_event_token_is_its_id_read_in_place() {
+        let raw = doc! {"_id": {"_data": "00AE"}, "operationType": "insert"};
+        let ev = ChangeEvent::from_raw(raw.clone()).expect("parses");
+        let id = ev.raw().get_document("_id").expect("id");
+        assert!(std::ptr::eq(ev.token().as_document(), id), "not a copy");
+        let own = ResumeToken::from_document(doc! {"_data": "00AE"});
+        assert_eq!(ev.token(), &own);
+        assert_eq!(format!("{:?}", ev.token()), format!("{own:?}"));
+        assert_eq!(ev.token().to_string(), "00AE");
+        assert_eq!(
+            bson::to_bson(ev.token()).expect("serializes"),
+            bson::to_bson(&own).expect("serializes")
+        );
+        // Detached: equal, and no longer the event's.
+        let detached = ev.token().detached();
+        assert_eq!(detached, own);
+        assert!(!std::ptr::eq(detached.as_document(), id));
+        assert_eq!(ev.token().clone().into_document(), doc! {"_data": "00AE"});
+
+        // `_id` need not come first.
+        let late = ChangeEvent::from_raw(doc! {"operationType": "insert", "_id": {"_data": "01"}})
+            .expect("parses");
+        assert_eq!(late.token().data(), Some("01"));
+        assert_eq!(
+            ChangeEvent::from_raw(doc! {"_id": "01", "operationType": "insert"})
+                .expect_err("no token document")
+                .reason,
+            "`_id` (the resume token) is missing or not a document"
+        );
     }
 
     #[test]

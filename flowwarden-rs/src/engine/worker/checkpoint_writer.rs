@@ -57,6 +57,9 @@ impl Progress {
         match self.store.save(&checkpoint).await {
             Ok(()) => {
                 self.saved.increment(1);
+                // Kept in the status until the next save: not holding the events it came from.
+                checkpoint.last_processed = checkpoint.last_processed.map(|p| p.detached());
+                checkpoint.last_seen = checkpoint.last_seen.map(|p| p.detached());
                 self.status.update(|s| {
                     s.counters.checkpoints_saved += 1;
                     s.checkpoint = Some(checkpoint);
