@@ -139,10 +139,8 @@ fn slot<T: DeserializeOwned + 'static>(
     in_event: fn(&ChangeEvent) -> Option<&T>,
 ) -> Result<Slot<T>, DecodeError> {
     if std::any::TypeId::of::<T>() == std::any::TypeId::of::<Document>() {
-        return Ok(match in_event(event) {
-            Some(_) => Slot::InEvent(in_event),
-            None => Slot::Absent,
-        });
+        // Looked up when asked for (absent or null: none).
+        return Ok(Slot::InEvent(in_event));
     }
     Ok(match decode_field::<T>(event, field)? {
         Some(doc) => Slot::Decoded(doc),

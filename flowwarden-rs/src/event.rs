@@ -280,21 +280,29 @@ impl ChangeEvent {
     /// Reads the routing fields of a raw event. Fails only when the event cannot be identified
     /// (no `_id` token document or no `operationType`); other odd fields are left to decoding.
     pub fn from_raw(raw: Document) -> Result<Self, EventParseError> {
-        if !matches!(raw.get("_id"), Some(Bson::Document(_))) {
+        // One pass over the top-level fields (a handful) instead of a lookup per field.
+        let (mut has_token, mut operation, mut cluster_time, mut wall_time) =
+            (false, None, None, None);
+        for (key, value) in &raw {
+            match (key.as_str(), value) {
+                ("_id", value) => has_token = matches!(value, Bson::Document(_)),
+                ("operationType", Bson::String(op)) => operation = Some(op.as_str()),
+                ("clusterTime", Bson::Timestamp(ts)) => cluster_time = Some(*ts),
+                ("wallTime", Bson::DateTime(time)) => wall_time = Some(*time),
+                _ => {}
+            }
+        }
+        if !has_token {
             return Err(EventParseError {
                 reason: "`_id` (the resume token) is missing or not a document".into(),
             });
         }
-        let operation_type = match raw.get_str("operationType") {
-            Ok(s) => OperationType::parse(s),
-            Err(_) => {
-                return Err(EventParseError {
-                    reason: "`operationType` is missing or not a string".into(),
-                })
-            }
+        let Some(operation) = operation else {
+            return Err(EventParseError {
+                reason: "`operationType` is missing or not a string".into(),
+            });
         };
-        let cluster_time = raw.get_timestamp("clusterTime").ok();
-        let wall_time = raw.get_datetime("wallTime").ok().copied();
+        let operation_type = OperationType::parse(operation);
         let raw = Arc::new(raw);
         Ok(Self {
             token: ResumeToken::of_event(&raw),
