@@ -50,7 +50,11 @@ async fn idle_and_filtered_streams_are_caught_up(t: &Target) {
     let rt = start_sampled(t, &probe, "lag_filtered").await;
     let docs: Vec<_> = (1..=2000).map(|i| doc! {"_id": i}).collect();
     t.coll("orders").insert_many(docs).await.expect("inserts");
-    wait_status(&rt, "lag_filtered", |s| s.counters.received == 2000).await;
+    // Received is counted before the event is handled: wait for the last one to settle too.
+    wait_status(&rt, "lag_filtered", |s| {
+        s.counters.received == 2000 && s.counters.handled + s.counters.filtered == 2000
+    })
+    .await;
     assert_eq!(probe.successes().len(), 2);
     // Writes elsewhere move the oplog's newest entry; the stream sees none of them.
     if let Some(emu) = t.emu.as_ref() {

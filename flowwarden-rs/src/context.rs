@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bson::{DateTime, Document, Timestamp};
 use serde::de::DeserializeOwned;
@@ -39,10 +39,10 @@ impl fmt::Display for EventId {
 /// `T` is the stream's `document` type (`bson::Document` when none is declared).
 pub struct ChangeContext<T> {
     event: Arc<ChangeEvent>,
-    document: Option<T>,
-    document_before_change: Option<T>,
+    document: Slot<T>,
+    document_before_change: Slot<T>,
     stream: &'static str,
-    id: EventId,
+    id: OnceLock<EventId>,
     attempt: AtomicU32,
     dead_letter_reason: Mutex<Option<String>>,
     save_checkpoint_now: AtomicBool,
@@ -65,13 +65,38 @@ pub struct DecodeError {
     pub source: bson::de::Error,
 }
 
+/// Where a context finds its typed document.
+enum Slot<T> {
+    /// The event carries none.
+    Absent,
+    /// Decoded into `T`.
+    Decoded(T),
+    /// `T` is `bson::Document`: the field of the shared raw event itself, read in place (the
+    /// function finds it), so a raw-document stream copies nothing.
+    InEvent(fn(&ChangeEvent) -> Option<&T>),
+}
+
+impl<T> Slot<T> {
+    fn get<'a>(&'a self, event: &'a ChangeEvent) -> Option<&'a T> {
+        match self {
+            Slot::Absent => None,
+            Slot::Decoded(doc) => Some(doc),
+            Slot::InEvent(find) => find(event),
+        }
+    }
+}
+
 impl<T: DeserializeOwned + 'static> ChangeContext<T> {
     /// Builds the context, decoding `fullDocument` and `fullDocumentBeforeChange` into `T`.
     pub fn decode(stream: &'static str, event: Arc<ChangeEvent>) -> Result<Self, DecodeError> {
-        let document = decode_field::<T>(&event, "fullDocument")?;
-        let document_before_change = decode_field::<T>(&event, "fullDocumentBeforeChange")?;
+        let document = slot::<T>(&event, "fullDocument", |e| {
+            e.full_document().and_then(as_t::<T>)
+        })?;
+        let document_before_change = slot::<T>(&event, "fullDocumentBeforeChange", |e| {
+            e.full_document_before_change().and_then(as_t::<T>)
+        })?;
         Ok(Self {
-            id: EventId::new(stream, event.token()),
+            id: OnceLock::new(),
             event,
             document,
             document_before_change,
@@ -105,6 +130,28 @@ impl<T: DeserializeOwned + 'static> ChangeContext<T> {
     }
 }
 
+/// `doc` as a `T` when `T` is `bson::Document`.
+fn as_t<T: 'static>(doc: &Document) -> Option<&T> {
+    (doc as &dyn std::any::Any).downcast_ref::<T>()
+}
+
+/// The slot of `field`: read in place (through `in_event`) when `T` is `bson::Document`,
+/// otherwise decoded.
+fn slot<T: DeserializeOwned + 'static>(
+    event: &ChangeEvent,
+    field: &'static str,
+    in_event: fn(&ChangeEvent) -> Option<&T>,
+) -> Result<Slot<T>, DecodeError> {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<Document>() {
+        // Looked up when asked for (absent or null: none).
+        return Ok(Slot::InEvent(in_event));
+    }
+    Ok(match decode_field::<T>(event, field)? {
+        Some(doc) => Slot::Decoded(doc),
+        None => Slot::Absent,
+    })
+}
+
 fn decode_field<T: DeserializeOwned + 'static>(
     event: &ChangeEvent,
     field: &'static str,
@@ -135,7 +182,8 @@ impl<T> ChangeContext<T> {
 
     /// A stable identity for deduplication: the same on every redelivery of this event.
     pub fn event_id(&self) -> &EventId {
-        &self.id
+        self.id
+            .get_or_init(|| EventId::new(self.stream, self.event.token()))
     }
 
     /// The operation.
@@ -155,12 +203,12 @@ impl<T> ChangeContext<T> {
 
     /// The typed document (`fullDocument`), when the event carries one.
     pub fn document(&self) -> Option<&T> {
-        self.document.as_ref()
+        self.document.get(&self.event)
     }
 
     /// The typed pre-image (`fullDocumentBeforeChange`), when the event carries one.
     pub fn document_before_change(&self) -> Option<&T> {
-        self.document_before_change.as_ref()
+        self.document_before_change.get(&self.event)
     }
 
     /// `updateDescription`, for updates.
@@ -258,7 +306,7 @@ impl<T: fmt::Debug> fmt::Debug for ChangeContext<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ChangeContext")
             .field("stream", &self.stream)
-            .field("event_id", &self.id)
+            .field("event_id", self.event_id())
             .field("operation_type", self.operation_type())
             .field("document_key", &self.document_key())
             .field("attempt", &self.attempt())
@@ -306,6 +354,29 @@ mod tests {
             ctx.document_before_change(),
             Some(&doc! {"_id": 1, "status": 4})
         );
+        // Read in place: the very documents of the shared raw event, not copies.
+        let raw = ctx.raw_event();
+        assert!(ctx
+            .document()
+            .is_some_and(|d| std::ptr::eq(d, raw.get_document("fullDocument").expect("doc"))));
+        assert!(ctx.document_before_change().is_some_and(|d| std::ptr::eq(
+            d,
+            raw.get_document("fullDocumentBeforeChange").expect("doc")
+        )));
+        assert_eq!(
+            ctx.document_owned().expect("present"),
+            doc! {"_id": 1, "status": 5}
+        );
+        assert_eq!(ctx.event_id().as_str(), "raw:01");
+
+        // No document, or a null one (a deleted document's lookup): none, as for typed streams.
+        let ev = event(doc! {
+            "_id": {"_data": "02"}, "operationType": "update", "fullDocument": null
+        });
+        let ctx = ChangeContext::<Document>::decode("raw", ev).expect("decodes");
+        assert_eq!(ctx.document(), None);
+        assert_eq!(ctx.document_before_change(), None);
+        assert!(ctx.document_owned_opt().expect("ok").is_none());
     }
 
     #[test]

@@ -74,7 +74,8 @@ impl PositionProbe {
             Err(poisoned) => poisoned.into_inner(),
         };
         if guard.as_ref() != Some(position) {
-            *guard = Some(position.clone());
+            // Kept until the next publish: not holding the event it came from.
+            *guard = Some(position.detached());
         }
     }
 

@@ -332,7 +332,7 @@ async fn dead_letter_at(
         stream: name.to_owned(),
         event: event.raw().clone(),
         truncated: false,
-        token: event.token().clone(),
+        token: event.token().detached(),
         operation_type: event.operation_type().as_str().to_owned(),
         document_key: event.document_key().cloned(),
         error_chain: err.chain(),

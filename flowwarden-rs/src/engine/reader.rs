@@ -49,6 +49,16 @@ pub(crate) struct Inbox {
 }
 
 impl Inbox {
+    /// Whether an item is at hand (taking it does not wait).
+    pub(crate) fn has_buffered(&self) -> bool {
+        !self.buffer.is_empty()
+    }
+
+    /// The item at hand, when [`Inbox::has_buffered`].
+    pub(crate) fn take_buffered(&mut self) -> Option<ReadResult> {
+        self.buffer.pop_front()
+    }
+
     /// The next item: from the batch at hand without waiting, else from the next batch;
     /// `None` once the reader ended and everything it handed over was taken. Cancel-safe:
     /// nothing is awaited after a batch is received.

@@ -80,10 +80,11 @@ impl ResumePlan {
         Self::of(candidates)
     }
 
-    /// Resume from this process's latest settled position.
+    /// Resume from this process's latest settled position (kept until the next re-open, so
+    /// with a token of its own rather than one that holds its event).
     pub(crate) fn current(pos: &StoredPosition) -> Self {
         Self::of(vec![Candidate {
-            at: start_at(pos),
+            at: start_at(&pos.detached()),
             kind: CandidateKind::Current,
         }])
     }

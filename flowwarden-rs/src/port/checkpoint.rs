@@ -20,6 +20,17 @@ pub struct StoredPosition {
     pub start_after: bool,
 }
 
+impl StoredPosition {
+    /// The same position with a token that does not keep its event alive (see
+    /// [`ResumeToken`]): for a position kept for long.
+    pub(crate) fn detached(&self) -> Self {
+        Self {
+            token: self.token.detached(),
+            ..self.clone()
+        }
+    }
+}
+
 /// The progress of an unfinished initial snapshot (`start_position = Snapshot`), stored in the
 /// stream's checkpoint until the scan is complete, so a restart continues the scan where it
 /// stopped instead of reading the collection again or starting at "now".

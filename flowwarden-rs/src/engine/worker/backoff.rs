@@ -42,3 +42,8 @@ impl<H: StreamHandler> Worker<H> {
 pub(super) async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
+
+/// Whether [`stopped`] would resolve now, without waiting.
+pub(super) fn stop_requested(stop: &tokio::sync::watch::Receiver<bool>) -> bool {
+    stop.has_changed().is_err() || *stop.borrow()
+}

@@ -89,8 +89,11 @@ impl Progress {
         self.recorded(checkpoint);
     }
 
-    fn recorded(&self, checkpoint: Checkpoint) {
+    fn recorded(&self, mut checkpoint: Checkpoint) {
         self.saved.increment(1);
+        // Kept in the status until the next save: not holding the events it came from.
+        checkpoint.last_processed = checkpoint.last_processed.map(|p| p.detached());
+        checkpoint.last_seen = checkpoint.last_seen.map(|p| p.detached());
         self.status.update(|s| {
             s.counters.checkpoints_saved += 1;
             s.checkpoint = Some(checkpoint);

@@ -18,10 +18,11 @@
 use std::sync::Arc;
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use tokio::time::{Instant, Interval};
+use tokio::time::Instant;
 use tracing::{info, warn, Instrument};
 
 use super::backoff::stopped;
+use super::heartbeat::Heartbeat;
 use super::session::{event_span, sleep_until, tick, Admitted, Read};
 use super::{SessionEnd, Worker};
 use crate::context::ChangeContext;
@@ -37,7 +38,7 @@ impl<H: StreamHandler> Worker<H> {
     pub(super) async fn keyed_session(
         &mut self,
         rx: &mut Inbox,
-        heartbeat: &mut Option<Interval>,
+        heartbeat: &mut Option<Heartbeat>,
     ) -> SessionEnd {
         let name = self.def.name;
         let limits = self.def.concurrency;

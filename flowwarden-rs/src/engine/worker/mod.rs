@@ -11,6 +11,7 @@
 
 mod backoff;
 mod checkpoint_writer;
+mod heartbeat;
 mod keyed_session;
 mod opening;
 mod redelivery;

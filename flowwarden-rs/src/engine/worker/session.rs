@@ -1,14 +1,18 @@
 //! One read session: the reader task feeds events through a bounded channel; each event is
 //! received by the tracker, processed (filter, route, retry, dead-letter) and settled, while
-//! the heartbeat and a stop request are served in the same select.
+//! the heartbeat and a stop request are served in the same select (or, between two events
+//! already handed over, checked without one).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::{Instant, Interval, MissedTickBehavior};
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::{debug, info, warn, Instrument};
 
-use super::backoff::stopped;
+use super::backoff::{stop_requested, stopped};
+use super::heartbeat::Heartbeat;
+use super::redelivery::RecentKey;
 use super::{SessionEnd, Worker};
 use crate::definition::StreamDefinition;
 use crate::engine::lag::PUBLISH_EVERY;
@@ -84,26 +88,41 @@ impl<H: StreamHandler> Worker<H> {
     async fn serial_session(
         &mut self,
         rx: &mut Inbox,
-        heartbeat: &mut Option<Interval>,
+        heartbeat: &mut Option<Heartbeat>,
     ) -> SessionEnd {
         let mut stop = self.env.stop.clone();
         loop {
-            let msg = tokio::select! {
-                biased;
-                _ = stopped(&mut stop) => return SessionEnd::Stop,
-                _ = tick(heartbeat) => {
+            let msg = if rx.has_buffered() {
+                // The next item is at hand: nothing to wait for, so no select. The stop request
+                // and the heartbeat come first, as in the select below.
+                if stop_requested(&stop) {
+                    return SessionEnd::Stop;
+                }
+                if heartbeat.as_mut().is_some_and(Heartbeat::try_tick) {
                     if let Err(h) = self.progress.save().await {
                         return SessionEnd::Halt(h);
                     }
                     continue;
                 }
-                msg = rx.recv() => msg,
+                rx.take_buffered()
+            } else {
+                tokio::select! {
+                    biased;
+                    _ = stopped(&mut stop) => return SessionEnd::Stop,
+                    _ = tick(heartbeat) => {
+                        if let Err(h) = self.progress.save().await {
+                            return SessionEnd::Halt(h);
+                        }
+                        continue;
+                    }
+                    msg = rx.recv() => msg,
+                }
             };
             match self.on_read(msg) {
                 Read::Nothing => {}
                 Read::End(end) => return end,
                 Read::Event(admitted) => {
-                    if let Some(end) = self.on_event(admitted, heartbeat).await {
+                    if let Some(end) = self.on_event(admitted, heartbeat, &mut stop).await {
                         return end;
                     }
                 }
@@ -155,7 +174,8 @@ impl<H: StreamHandler> Worker<H> {
         };
         self.metrics.received.increment(1);
         self.env.probe.set_caught_up(false);
-        let redelivered = self.recent.contains(event.token());
+        let recent_key = RecentKey::of(event.token());
+        let redelivered = self.recent.contains(recent_key);
         if redelivered {
             self.metrics.redelivered.increment(1);
             debug!(stream = name, token = %event.token(), "event delivered again after it was settled; processing it again (at-least-once)");
@@ -180,6 +200,7 @@ impl<H: StreamHandler> Worker<H> {
             event,
             ticket,
             invalidate,
+            recent_key,
         })
     }
 
@@ -199,7 +220,7 @@ impl<H: StreamHandler> Worker<H> {
         }
         self.publish_position(false);
         if how != Settlement::Filtered && how != Settlement::Unrouted {
-            self.recent.insert(admitted.event.token());
+            self.recent.insert(admitted.recent_key);
         }
         let due = save_now
             || self.progress.tracker.processed_since_save() >= self.def.checkpoint.save_every_n
@@ -219,7 +240,8 @@ impl<H: StreamHandler> Worker<H> {
     async fn on_event(
         &mut self,
         admitted: Admitted,
-        heartbeat: &mut Option<Interval>,
+        heartbeat: &mut Option<Heartbeat>,
+        stop: &mut watch::Receiver<bool>,
     ) -> Option<SessionEnd> {
         let name = self.def.name;
         let event = &admitted.event;
@@ -245,7 +267,6 @@ impl<H: StreamHandler> Worker<H> {
         };
         let cx = ProcessCx::new(self.def, &self.env, &self.metrics, txn);
         let span = event_span(event);
-        let mut stop = self.env.stop.clone();
         let mut deadline: Option<Instant> = None;
         let outcome = {
             let fut = process_event(&self.handler, event.clone(), None, &cx, &mut self.rng)
@@ -260,7 +281,7 @@ impl<H: StreamHandler> Worker<H> {
                             break Some(EventOutcome::Halt(h));
                         }
                     }
-                    _ = stopped(&mut stop), if deadline.is_none() => {
+                    _ = stopped(stop), if deadline.is_none() => {
                         let timeout = self.env.options.shutdown_timeout;
                         info!(stream = name, timeout_ms = timeout.as_millis() as u64, "stop requested; waiting for the in-flight handler");
                         deadline = Some(Instant::now() + timeout);
@@ -317,6 +338,8 @@ pub(super) struct Admitted {
     pub(super) event: Arc<ChangeEvent>,
     pub(super) ticket: Ticket,
     pub(super) invalidate: bool,
+    /// The event's key in the redelivery memory, computed once on receipt.
+    pub(super) recent_key: Option<RecentKey>,
 }
 
 /// The span every event's processing runs in.
@@ -328,22 +351,14 @@ pub(super) fn event_span(event: &ChangeEvent) -> tracing::Span {
     )
 }
 
-fn heartbeat(def: &StreamDefinition) -> Option<Interval> {
+fn heartbeat(def: &StreamDefinition) -> Option<Heartbeat> {
     let secs = def.checkpoint.save_interval_secs;
-    if secs == 0 {
-        return None;
-    }
-    let period = Duration::from_secs(secs);
-    let mut iv = tokio::time::interval_at(Instant::now() + period, period);
-    iv.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    Some(iv)
+    (secs > 0).then(|| Heartbeat::new(Duration::from_secs(secs)))
 }
 
-pub(super) async fn tick(iv: &mut Option<Interval>) {
-    match iv {
-        Some(iv) => {
-            iv.tick().await;
-        }
+pub(super) async fn tick(heartbeat: &mut Option<Heartbeat>) {
+    match heartbeat {
+        Some(heartbeat) => heartbeat.tick().await,
         None => std::future::pending::<()>().await,
     }
 }
