@@ -104,6 +104,27 @@ pub enum Target {
     Mongo(MongoBackend),
 }
 
+impl Target {
+    /// MongoDB when `FLOWWARDEN_MONGODB_URI` is set (database `FLOWWARDEN_DATABASE`, default
+    /// `flowwarden_example`), else a new in-memory backend; says which on stdout. The problems
+    /// found when MongoDB cannot be used.
+    pub async fn from_env() -> Result<Target, Vec<String>> {
+        let Ok(uri) = std::env::var(flowwarden_rs_mongo::ENV_URI) else {
+            println!(
+                "backend: the embedded in-memory backend (set FLOWWARDEN_MONGODB_URI for MongoDB)"
+            );
+            return Ok(Target::Memory(MemoryBackend::new()));
+        };
+        let db =
+            std::env::var("FLOWWARDEN_DATABASE").unwrap_or_else(|_| "flowwarden_example".into());
+        println!(
+            "backend: MongoDB ({}), database {db}",
+            flowwarden_rs_mongo::redact_uri(&uri)
+        );
+        MongoBackend::connect(&uri, &db).await.map(Target::Mongo)
+    }
+}
+
 /// Why the example failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ExampleError {

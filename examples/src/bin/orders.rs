@@ -9,9 +9,7 @@
 //! `flowwarden_examples::orders` for what it does. Exits 0 when run 2 resumed from the
 //! checkpoint of run 1.
 
-use flowwarden::MemoryBackend;
 use flowwarden_examples::orders::{run, Target};
-use flowwarden_rs_mongo::MongoBackend;
 
 #[tokio::main]
 async fn main() {
@@ -22,29 +20,13 @@ async fn main() {
         )
         .with_target(false)
         .init();
-    let target = match std::env::var(flowwarden_rs_mongo::ENV_URI) {
-        Ok(uri) => {
-            let db = std::env::var("FLOWWARDEN_DATABASE")
-                .unwrap_or_else(|_| "flowwarden_example".into());
-            println!(
-                "backend: MongoDB ({}), database {db}",
-                flowwarden_rs_mongo::redact_uri(&uri)
-            );
-            match MongoBackend::connect(&uri, &db).await {
-                Ok(b) => Target::Mongo(b),
-                Err(problems) => {
-                    for p in problems {
-                        eprintln!("cannot use MongoDB: {p}");
-                    }
-                    std::process::exit(2);
-                }
+    let target = match Target::from_env().await {
+        Ok(target) => target,
+        Err(problems) => {
+            for p in problems {
+                eprintln!("cannot use MongoDB: {p}");
             }
-        }
-        Err(_) => {
-            println!(
-                "backend: the embedded in-memory backend (set FLOWWARDEN_MONGODB_URI for MongoDB)"
-            );
-            Target::Memory(MemoryBackend::new())
+            std::process::exit(2);
         }
     };
     if let Err(e) = run(target).await {

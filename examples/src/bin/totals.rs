@@ -9,10 +9,8 @@
 //! stream runs transactions). See `flowwarden_examples::totals`. Exits 0 when the totals count
 //! every order exactly once across a restart.
 
-use flowwarden::MemoryBackend;
 use flowwarden_examples::orders::Target;
 use flowwarden_examples::totals::run;
-use flowwarden_rs_mongo::MongoBackend;
 
 #[tokio::main]
 async fn main() {
@@ -23,21 +21,14 @@ async fn main() {
         )
         .with_target(false)
         .init();
-    let target = match std::env::var(flowwarden_rs_mongo::ENV_URI) {
-        Ok(uri) => {
-            let db = std::env::var("FLOWWARDEN_DATABASE")
-                .unwrap_or_else(|_| "flowwarden_example".into());
-            match MongoBackend::connect(&uri, &db).await {
-                Ok(b) => Target::Mongo(b),
-                Err(problems) => {
-                    for p in problems {
-                        eprintln!("cannot use MongoDB: {p}");
-                    }
-                    std::process::exit(2);
-                }
+    let target = match Target::from_env().await {
+        Ok(target) => target,
+        Err(problems) => {
+            for p in problems {
+                eprintln!("cannot use MongoDB: {p}");
             }
+            std::process::exit(2);
         }
-        Err(_) => Target::Memory(MemoryBackend::new()),
     };
     if let Err(e) = run(target).await {
         eprintln!("example failed: {e}");
