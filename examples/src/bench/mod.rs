@@ -13,6 +13,8 @@ pub mod p4;
 pub mod p5;
 pub mod p6;
 
+pub mod heap;
+
 mod counting;
 mod generated;
 

@@ -1,18 +1,25 @@
 //! P6: the runtime's own peak memory with a 10,000 and a 1,000,000-event backlog. The backlog
 //! comes from a [`GeneratedSource`] (events made up as they are read, so the source holds
-//! nothing), and each size is measured in a fresh child process: the figure is the peak
-//! resident memory while the backlog is handled (`VmHWM`, reset just before the start) minus
-//! the resident memory just before the runtime starts.
+//! nothing), and each size is measured in a fresh child process. The figure is the peak of the
+//! live heap while the backlog is handled, counted by [`heap::CountingAllocator`] from just
+//! before the start: what the runtime allocated and still held at its worst moment. The peak
+//! resident memory (`VmHWM`) is printed beside it for the record; it also holds the allocator's
+//! arenas and fragmentation, which move it by megabytes between two runs of one binary.
+//!
+//! The handler spins [`HANDLER_SPIN`] per event, longer than the generated source takes to make
+//! one, so the reader runs ahead as it does over a real backlog and the bounded read-ahead is
+//! full in both sizes. A planted leak ([`Mode::hold`], a handler that keeps every event) shows
+//! what the figure looks like when memory grows with the backlog.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use flowwarden::{
-    change_stream, checkpoint, AnyStream, ChangeContext, MemoryBackend, StreamHandler,
+    change_stream, checkpoint, AnyStream, ChangeContext, ChangeEvent, MemoryBackend, StreamHandler,
 };
 
 use super::{
-    memory_token, peak_rss_mib, reset_peak_rss, rss_mib, save_start_checkpoint, start_only,
+    heap, memory_token, peak_rss_mib, reset_peak_rss, rss_mib, save_start_checkpoint, start_only,
     BenchError, GeneratedSource,
 };
 
@@ -20,17 +27,46 @@ use super::{
 /// [`child_main_if_requested`]).
 pub const CHILD_FLAG: &str = "--p6-child";
 
+/// The flag of a child (and of `bench_memory`) that plants the leak of [`Mode::hold`].
+pub const HOLD_FLAG: &str = "--hold";
+
 const CHILD_LINE: &str = "p6-measured";
 
-/// The no-op stream of P6.
+/// How long the handler works on each event: longer than the generated source takes to make
+/// one, so a backlog stays a backlog (the reader ahead, its read-ahead full).
+pub const HANDLER_SPIN: Duration = Duration::from_micros(4);
+
+/// How a P6 run handles its events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Mode {
+    /// Keep every event the handler sees until the run ends: a planted leak, for showing that
+    /// the measurement catches memory that grows with the backlog.
+    pub hold: bool,
+}
+
+/// The stream of P6: spins [`HANDLER_SPIN`] per insert; with [`Mode::hold`], keeps each event.
 #[derive(Default)]
-pub struct Footprint;
+pub struct Footprint {
+    mode: Mode,
+    kept: Mutex<Vec<Arc<ChangeEvent>>>,
+}
 
 #[change_stream(name = "p6", collection = "p6")]
 #[checkpoint(save_every_n = 1, save_interval_secs = 5)]
 impl Footprint {
     #[on_insert]
-    async fn inserted(&self, _ctx: &ChangeContext<bson::Document>) {}
+    async fn inserted(&self, ctx: &ChangeContext<bson::Document>) {
+        let t = Instant::now();
+        while t.elapsed() < HANDLER_SPIN {
+            std::hint::spin_loop();
+        }
+        if self.mode.hold {
+            self.kept
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(ctx.event().clone());
+        }
+    }
 }
 
 /// One backlog size, measured.
@@ -38,42 +74,67 @@ impl Footprint {
 pub struct Point {
     /// Events in the backlog.
     pub backlog: u64,
+    /// Peak growth of the live heap while the backlog was handled, in bytes.
+    pub heap_peak: usize,
     /// Resident memory just before the runtime started, in MiB.
     pub before_mib: f64,
     /// Peak resident memory while the backlog was handled, in MiB.
     pub peak_mib: f64,
-    /// Whether the kernel reset the peak before the start (otherwise the peak may be older).
+    /// Whether the kernel reset the resident peak before the start.
     pub reset: bool,
     /// Events per second, for the record.
     pub rate: f64,
 }
 
 impl Point {
-    /// The runtime's own peak: `peak_mib - before_mib`.
-    pub fn own_mib(&self) -> f64 {
+    /// The runtime's own peak heap, in MiB.
+    pub fn heap_mib(&self) -> f64 {
+        self.heap_peak as f64 / (1024.0 * 1024.0)
+    }
+
+    /// The peak resident memory above the resident memory before the start, in MiB.
+    pub fn rss_mib(&self) -> f64 {
         self.peak_mib - self.before_mib
     }
 }
 
-async fn measure(backlog: u64) -> Result<Point, BenchError> {
+/// Measures one backlog in this process, whose global allocator must be
+/// [`heap::CountingAllocator`] (an error otherwise).
+pub async fn measure(backlog: u64, mode: Mode) -> Result<Point, BenchError> {
     let mut stores: flowwarden::Backend = MemoryBackend::new().into();
     stores.source = Arc::new(GeneratedSource::new(backlog, "flowwarden"));
     save_start_checkpoint(&stores, "p6", memory_token(0)).await?;
     let def = <Footprint as StreamHandler>::definition();
+    let stream = AnyStream::with_definition(
+        Footprint {
+            mode,
+            ..Footprint::default()
+        },
+        def,
+    );
     let before_mib = rss_mib();
     let reset = reset_peak_rss();
+    heap::start();
+    if !heap::installed() {
+        heap::stop();
+        return Err(
+            "P6 needs `#[global_allocator] static HEAP: CountingAllocator` in this binary".into(),
+        );
+    }
     let t = Instant::now();
-    let rt = start_only(AnyStream::with_definition(Footprint, def), stores).await?;
+    let rt = start_only(stream, stores).await?;
     let done = rt
         .handle()
         .wait_for("p6", |s| s.counters.handled >= backlog)
         .await;
     let rate = backlog as f64 / t.elapsed().as_secs_f64();
+    let heap_peak = heap::stop();
     let peak_mib = peak_rss_mib();
     rt.shutdown().await;
     done.map_err(|e| format!("stream vanished: {e}"))?;
     Ok(Point {
         backlog,
+        heap_peak,
         before_mib,
         peak_mib,
         reset,
@@ -82,7 +143,7 @@ async fn measure(backlog: u64) -> Result<Point, BenchError> {
 }
 
 /// Call first in `main` of a binary that runs P6: in a child started with
-/// `--p6-child N`, measures a backlog of N, prints the result for the parent and exits.
+/// `--p6-child N [--hold]`, measures a backlog of N, prints the result for the parent and exits.
 pub fn child_main_if_requested() {
     let args: Vec<String> = std::env::args().collect();
     let Some(i) = args.iter().position(|a| a == CHILD_FLAG) else {
@@ -92,14 +153,17 @@ pub fn child_main_if_requested() {
         .get(i + 1)
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
+    let mode = Mode {
+        hold: args.iter().any(|a| a == HOLD_FLAG),
+    };
     let result = tokio::runtime::Runtime::new()
         .map_err(|e| e.to_string())
-        .and_then(|rt| rt.block_on(measure(backlog)));
+        .and_then(|rt| rt.block_on(measure(backlog, mode)));
     match result {
         Ok(p) => {
             println!(
-                "{CHILD_LINE} {} {} {} {} {}",
-                p.backlog, p.before_mib, p.peak_mib, p.reset, p.rate
+                "{CHILD_LINE} {} {} {} {} {} {}",
+                p.backlog, p.heap_peak, p.before_mib, p.peak_mib, p.reset, p.rate
             );
             std::process::exit(0);
         }
@@ -111,11 +175,16 @@ pub fn child_main_if_requested() {
 }
 
 /// Measures a backlog of `backlog` in a child process running this same binary (which must call
-/// [`child_main_if_requested`] first). Blocks until the child is done.
-pub fn measure_in_child(backlog: u64) -> Result<Point, BenchError> {
+/// [`child_main_if_requested`] first and declare [`heap::CountingAllocator`] as its global
+/// allocator). Blocks until the child is done.
+pub fn measure_in_child(backlog: u64, mode: Mode) -> Result<Point, BenchError> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let out = std::process::Command::new(exe)
-        .args([CHILD_FLAG, &backlog.to_string()])
+    let mut child = std::process::Command::new(exe);
+    child.args([CHILD_FLAG, &backlog.to_string()]);
+    if mode.hold {
+        child.arg(HOLD_FLAG);
+    }
+    let out = child
         .output()
         .map_err(|e| format!("cannot start the P6 child: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -138,14 +207,18 @@ pub fn measure_in_child(backlog: u64) -> Result<Point, BenchError> {
     };
     Ok(Point {
         backlog: num(0)? as u64,
-        before_mib: num(1)?,
-        peak_mib: num(2)?,
-        reset: f.get(3) == Some(&"true"),
-        rate: num(4)?,
+        heap_peak: num(1)? as usize,
+        before_mib: num(2)?,
+        peak_mib: num(3)?,
+        reset: f.get(4) == Some(&"true"),
+        rate: num(5)?,
     })
 }
 
 /// Both sizes, each in its own child: `(small, large)`.
-pub fn run(small: u64, large: u64) -> Result<(Point, Point), BenchError> {
-    Ok((measure_in_child(small)?, measure_in_child(large)?))
+pub fn run(small: u64, large: u64, mode: Mode) -> Result<(Point, Point), BenchError> {
+    Ok((
+        measure_in_child(small, mode)?,
+        measure_in_child(large, mode)?,
+    ))
 }
