@@ -28,7 +28,10 @@ async fn peak_heap_is_flat_in_the_backlog_and_a_leak_is_caught() {
     );
 
     // The same check on a runtime whose memory grows with the backlog fails.
-    let hold = Mode { hold: true };
+    let hold = Mode {
+        hold: true,
+        ..Mode::default()
+    };
     let small = measure(SMALL, hold).await.expect("small backlog, held");
     let large = measure(LARGE, hold).await.expect("large backlog, held");
     let (s, l) = (small.heap_peak as f64, large.heap_peak as f64);

@@ -1,10 +1,11 @@
 //! P6 of the benchmark suite: the runtime's own peak heap with a 10,000 and a 1,000,000-event
 //! backlog from a generated source (which holds nothing), each measured in a child process.
-//! `--hold` plants a leak (a handler that keeps every event) to show what growth looks like.
+//! `--hold` plants a leak (a handler that keeps every event) to show what growth looks like;
+//! `--concurrency N` runs the stream with keyed concurrency (`max_in_flight` 4 x N).
 //! Run in release mode:
 //!
 //! ```text
-//! cargo run --release -p flowwarden-examples --bin bench_memory [-- --small N --large N --hold]
+//! cargo run --release -p flowwarden-examples --bin bench_memory [-- --small N --large N --hold --concurrency N]
 //! ```
 
 use flowwarden_examples::bench::heap::CountingAllocator;
@@ -20,14 +21,16 @@ fn main() {
     let large = arg("--large", 1_000_000);
     let mode = p6::Mode {
         hold: flag(p6::HOLD_FLAG),
+        concurrency: arg(p6::CONCURRENCY_FLAG, 1) as u32,
     };
     match p6::run(small, large, mode) {
         Ok((s, l)) => {
             for p in [&s, &l] {
                 println!(
-                    "backlog {:>9}{}: peak heap {:.2} MiB; resident {:.1} MiB before the start, peak {:.1} MiB, {:.1} MiB above ({:.0} events/s{})",
+                    "backlog {:>9}{}, concurrency {}: peak heap {:.2} MiB; resident {:.1} MiB before the start, peak {:.1} MiB, {:.1} MiB above ({:.0} events/s{})",
                     p.backlog,
                     if mode.hold { " (--hold)" } else { "" },
+                    mode.concurrency.max(1),
                     p.heap_mib(),
                     p.before_mib,
                     p.peak_mib,
