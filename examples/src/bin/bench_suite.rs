@@ -240,7 +240,7 @@ async fn part_p5(c: &Counts) -> Vec<Row> {
 
 async fn part_p6(c: &Counts) -> Vec<Row> {
     let what = format!(
-        "the runtime's own peak heap, backlog of {} vs {} events (generated source, one child process each)",
+        "the runtime's own peak heap, backlog of {} vs {} events (generated source; highest of 10 and of 3 child processes)",
         n(c.p6_small),
         n(c.p6_large)
     );
