@@ -44,26 +44,26 @@ fn counting() -> bool {
     COUNTING.load(Ordering::Relaxed)
 }
 
+/// Counts a new block of `size` bytes at `ptr` (unless the allocation failed) and returns `ptr`.
+fn allocated(ptr: *mut u8, size: usize) -> *mut u8 {
+    if !ptr.is_null() && counting() {
+        grew(size);
+    }
+    ptr
+}
+
 // SAFETY: every method calls the same method of `System` with the caller's arguments, so it
 // keeps `GlobalAlloc`'s contract exactly as `System` does; the counting touches only atomics
 // and never allocates.
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded unchanged (see above).
-        let ptr = unsafe { System.alloc(layout) };
-        if !ptr.is_null() && counting() {
-            grew(layout.size());
-        }
-        ptr
+        allocated(unsafe { System.alloc(layout) }, layout.size())
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded unchanged.
-        let ptr = unsafe { System.alloc_zeroed(layout) };
-        if !ptr.is_null() && counting() {
-            grew(layout.size());
-        }
-        ptr
+        allocated(unsafe { System.alloc_zeroed(layout) }, layout.size())
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {

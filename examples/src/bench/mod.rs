@@ -6,14 +6,13 @@
 //! the baseline it names. Build in release mode (`cargo run --release ...`); a debug build
 //! measures the debug build.
 
+pub mod heap;
 pub mod p1;
 pub mod p2;
 pub mod p3;
 pub mod p4;
 pub mod p5;
 pub mod p6;
-
-pub mod heap;
 
 mod counting;
 mod generated;

@@ -20,8 +20,8 @@ use flowwarden::{
 };
 
 use super::{
-    heap, memory_token, peak_rss_mib, reset_peak_rss, rss_mib, save_start_checkpoint, start_only,
-    BenchError, GeneratedSource,
+    arg, flag, heap, memory_token, peak_rss_mib, reset_peak_rss, rss_mib, save_start_checkpoint,
+    start_only, BenchError, GeneratedSource,
 };
 
 /// The flag that makes a bench binary measure one backlog size and exit (see
@@ -49,6 +49,16 @@ pub struct Mode {
     /// The stream's `concurrency` (0 or 1: one event at a time); `max_in_flight` is its
     /// default, 4 x `concurrency`.
     pub concurrency: u32,
+}
+
+impl Mode {
+    /// The mode named on this process's command line ([`HOLD_FLAG`], [`CONCURRENCY_FLAG`]).
+    pub fn from_args() -> Self {
+        Mode {
+            hold: flag(HOLD_FLAG),
+            concurrency: u32::try_from(arg(CONCURRENCY_FLAG, 1)).unwrap_or(u32::MAX),
+        }
+    }
 }
 
 /// The stream of P6: spins [`HANDLER_SPIN`] per insert; with [`Mode::hold`], keeps each event.
@@ -155,7 +165,7 @@ pub async fn measure(backlog: u64, mode: Mode) -> Result<Point, BenchError> {
 }
 
 /// Call first in `main` of a binary that runs P6: in a child started with
-/// `--p6-child N [--hold]`, measures a backlog of N, prints the result for the parent and exits.
+/// `--p6-child N [--hold] [--concurrency N]`, measures a backlog of N, prints the result for the parent and exits.
 pub fn child_main_if_requested() {
     let args: Vec<String> = std::env::args().collect();
     let Some(i) = args.iter().position(|a| a == CHILD_FLAG) else {
@@ -165,15 +175,7 @@ pub fn child_main_if_requested() {
         .get(i + 1)
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
-    let mode = Mode {
-        hold: args.iter().any(|a| a == HOLD_FLAG),
-        concurrency: args
-            .iter()
-            .position(|a| a == CONCURRENCY_FLAG)
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1),
-    };
+    let mode = Mode::from_args();
     let result = tokio::runtime::Runtime::new()
         .map_err(|e| e.to_string())
         .and_then(|rt| rt.block_on(measure(backlog, mode)));

@@ -9,7 +9,7 @@
 //! ```
 
 use flowwarden_examples::bench::heap::CountingAllocator;
-use flowwarden_examples::bench::{arg, flag, p6};
+use flowwarden_examples::bench::{arg, p6};
 
 // P6 counts the live heap (docs/performance.md, P6).
 #[global_allocator]
@@ -19,10 +19,7 @@ fn main() {
     p6::child_main_if_requested();
     let small = arg("--small", 10_000);
     let large = arg("--large", 1_000_000);
-    let mode = p6::Mode {
-        hold: flag(p6::HOLD_FLAG),
-        concurrency: arg(p6::CONCURRENCY_FLAG, 1) as u32,
-    };
+    let mode = p6::Mode::from_args();
     match p6::run(small, large, mode) {
         Ok((s, l)) => {
             for p in [&s, &l] {
