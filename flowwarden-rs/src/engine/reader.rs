@@ -8,13 +8,57 @@
 //! over what it holds, then waits on that same read (never dropping it). The processor takes
 //! the batch one item at a time ([`Inbox::recv`]), so a stop request or a heartbeat is still
 //! noticed between any two events.
+//!
+//! Where the reader runs is the source's choice ([`ReadMode`]): on a task of its own for a
+//! cursor that waits on a server, or alongside the processor on the stream's task
+//! ([`alongside`]) for one that answers from memory, where a task of its own would only move
+//! every event between threads.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::task::Poll;
 
 use tokio::sync::mpsc;
 
-use crate::port::{ChangeCursor, SourceError, SourceItem};
+use crate::port::{ChangeCursor, ReadMode, SourceError, SourceItem};
+
+/// The largest hand-over batch of a reader running alongside the processor
+/// ([`ReadMode::InProcess`]): small enough that the events read ahead (at most three batches)
+/// are still in the CPU cache when they are handled.
+pub(crate) const IN_PROCESS_BATCH: usize = 32;
+
+/// The largest hand-over batch for a cursor read in `mode` by a stream whose `batch_size` is
+/// `batch_size`.
+pub(crate) fn max_batch(mode: ReadMode, batch_size: u32) -> usize {
+    let batch = batch_size.clamp(1, 4096) as usize;
+    match mode {
+        ReadMode::InProcess => batch.min(IN_PROCESS_BATCH),
+        _ => batch,
+    }
+}
+
+/// Runs `main` to completion while also driving `side` (the read loop) on the same task, until
+/// `side` ends or `main` does; `side` is then dropped with `main`, as an aborted reader task
+/// would be. `side` is polled whenever `main` waits, so it fills the hand-over while the
+/// processor waits for it.
+pub(crate) async fn alongside<T>(
+    main: impl Future<Output = T>,
+    side: impl Future<Output = ()>,
+) -> T {
+    let mut main = std::pin::pin!(main);
+    let mut side = std::pin::pin!(side);
+    let mut side_done = false;
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = main.as_mut().poll(cx) {
+            return Poll::Ready(out);
+        }
+        if !side_done && side.as_mut().poll(cx).is_ready() {
+            side_done = true;
+        }
+        Poll::Pending
+    })
+    .await
+}
 
 /// What the reader hands over: an item, the end of the cursor (`Ok(None)`), or an error.
 pub(crate) type ReadResult = Result<Option<SourceItem>, SourceError>;
@@ -144,6 +188,72 @@ mod tests {
         // 10 at hand: 4 + 4 + 2 (handed over before the wait); the idle tick and the end go
         // together after it.
         assert_eq!(sizes, vec![4, 4, 2, 2]);
+    }
+
+    #[tokio::test]
+    async fn a_reader_alongside_the_processor_hands_over_every_item_on_the_same_task() {
+        let (out, mut inbox) = hand_over(1, 3);
+        let reader = read_loop(
+            Box::new(Scripted {
+                ready: 5,
+                waited: false,
+            }),
+            out,
+        );
+        // No task is spawned: the reader only advances because `alongside` polls it.
+        let got = alongside(
+            async {
+                let mut got = Vec::new();
+                while let Some(item) = inbox.recv().await {
+                    got.push(item);
+                }
+                got
+            },
+            reader,
+        )
+        .await;
+        let events = got
+            .iter()
+            .filter(|i| matches!(i, Ok(Some(SourceItem::Event(_)))))
+            .count();
+        assert_eq!(events, 5);
+        assert!(matches!(got.last(), Some(Ok(None))));
+        assert_eq!(got.len(), 7);
+    }
+
+    #[tokio::test]
+    async fn alongside_ends_with_the_processor_and_drops_the_reader() {
+        struct Dropped(std::sync::Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let guard = Dropped(flag.clone());
+        let side = async move {
+            let _guard = guard;
+            std::future::pending::<()>().await
+        };
+        let out = alongside(
+            async {
+                tokio::task::yield_now().await;
+                7
+            },
+            side,
+        )
+        .await;
+        assert_eq!(out, 7);
+        assert!(flag.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    #[test]
+    fn a_cursor_read_in_process_hands_over_small_batches() {
+        assert_eq!(max_batch(ReadMode::ReadAhead, 1_000), 1_000);
+        assert_eq!(max_batch(ReadMode::ReadAhead, 10_000), 4_096);
+        assert_eq!(max_batch(ReadMode::InProcess, 1_000), IN_PROCESS_BATCH);
+        assert_eq!(max_batch(ReadMode::InProcess, 8), 8);
+        assert_eq!(max_batch(ReadMode::InProcess, 0), 1);
     }
 
     #[tokio::test]

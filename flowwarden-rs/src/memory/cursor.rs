@@ -13,7 +13,7 @@ use crate::definition::{FullDocument, FullDocumentBeforeChange};
 use crate::event::ResumeToken;
 use crate::matcher::pipeline::EventPipeline;
 use crate::port::{
-    ChangeCursor, ChangeSource, HistoryBounds, HistoryUnknown, ScanRequest, SourceError,
+    ChangeCursor, ChangeSource, HistoryBounds, HistoryUnknown, ReadMode, ScanRequest, SourceError,
     SourceErrorKind, SourceItem, StartAt, WatchSpec,
 };
 
@@ -308,6 +308,10 @@ impl ChangeCursor for MemoryCursor {
 
     fn initial_position(&self) -> Option<ResumeToken> {
         self.initial.clone()
+    }
+
+    fn read_mode(&self) -> ReadMode {
+        ReadMode::InProcess
     }
 }
 

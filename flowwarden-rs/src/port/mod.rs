@@ -35,8 +35,8 @@ pub use driver::{
 pub use lease::{check_fence, Fence, Lease, LeaseStore};
 pub use scan::{ids_after, ScanRequest};
 pub use source::{
-    timestamp_time, ChangeCursor, ChangeSource, HistoryBounds, HistoryUnknown, SourceError,
-    SourceErrorKind, SourceItem, StartAt, WatchSpec,
+    timestamp_time, ChangeCursor, ChangeSource, HistoryBounds, HistoryUnknown, ReadMode,
+    SourceError, SourceErrorKind, SourceItem, StartAt, WatchSpec,
 };
 pub use store_error::{StoreError, StoreErrorKind};
 pub use transaction::{

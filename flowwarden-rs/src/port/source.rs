@@ -205,4 +205,29 @@ pub trait ChangeCursor: Send {
     fn initial_position(&self) -> Option<ResumeToken> {
         None
     }
+
+    /// Where the engine reads this cursor: the default, [`ReadMode::ReadAhead`], suits a cursor
+    /// whose `next()` waits on a server; a cursor that answers from the process's own memory
+    /// says [`ReadMode::InProcess`].
+    fn read_mode(&self) -> ReadMode {
+        ReadMode::ReadAhead
+    }
+}
+
+/// Where the engine reads a cursor, chosen by the source for what its `next()` costs. Either
+/// way the cursor is read from one place only, a pending `next()` is never dropped while the
+/// session lasts, and a stop request or a heartbeat is noticed between any two events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ReadMode {
+    /// `next()` waits on I/O (a server round trip): the engine reads on a task of its own,
+    /// ahead of the handler, so the wait overlaps handling; events cross to the stream's task
+    /// in batches of up to the stream's `batch_size`.
+    #[default]
+    ReadAhead,
+    /// `next()` answers from memory in this process (the in-memory backend): a task of its own
+    /// would gain nothing but move every event between threads. The engine reads on the
+    /// stream's own task, alongside the handler, a few events at a time, so an event is still
+    /// in the CPU cache when it is handled.
+    InProcess,
 }

@@ -43,6 +43,8 @@ pub struct Stats {
     pub multi_instance_seeds: u64,
     /// Schedules run with `concurrency > 1`.
     pub concurrent_seeds: u64,
+    /// Schedules whose source is read on the stream's own task (`ReadMode::InProcess`).
+    pub in_process_read_seeds: u64,
     /// Lease acquisitions.
     pub lease_acquisitions: u64,
     /// Acquisitions by another identity than the previous holder.
@@ -131,6 +133,7 @@ impl Stats {
         self.virtual_ms += other.virtual_ms;
         self.multi_instance_seeds += other.multi_instance_seeds;
         self.concurrent_seeds += other.concurrent_seeds;
+        self.in_process_read_seeds += other.in_process_read_seeds;
         self.lease_acquisitions += other.lease_acquisitions;
         self.takeovers += other.takeovers;
         self.fenced_checkpoint_writes += other.fenced_checkpoint_writes;
@@ -169,8 +172,12 @@ impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "seeds run:            {} ({} fault-free, {} multi-instance, {} concurrent)",
-            self.seeds, self.fault_free_seeds, self.multi_instance_seeds, self.concurrent_seeds
+            "seeds run:            {} ({} fault-free, {} multi-instance, {} concurrent, {} read in process)",
+            self.seeds,
+            self.fault_free_seeds,
+            self.multi_instance_seeds,
+            self.concurrent_seeds,
+            self.in_process_read_seeds
         )?;
         writeln!(f, "changes committed:    {}", self.changes)?;
         let total: u64 = self.faults.values().sum();

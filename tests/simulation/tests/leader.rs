@@ -47,6 +47,7 @@ fn two_leaders() -> Settings {
             poll_secs: 1,
         }),
         concurrency: 1,
+        read_in_process: false,
         snapshot: None,
         transactional: None,
     }

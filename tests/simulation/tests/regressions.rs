@@ -45,6 +45,7 @@ fn a_processed_first_replay_keeps_the_stored_last_seen() {
         },
         leader: None,
         concurrency: 1,
+        read_in_process: false,
         snapshot: None,
         transactional: None,
     };

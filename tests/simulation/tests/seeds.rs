@@ -119,6 +119,12 @@ fn thousands_of_fault_schedules_hold_every_invariant() {
         // Multi-instance schedules: leader faults, takeovers, and zombies actually fenced.
         assert!(stats.multi_instance_seeds > count / 5, "{stats}");
         assert!(stats.concurrent_seeds > count / 3, "{stats}");
+        // Both places of the reader: a task of its own, and the stream's task.
+        let in_process = stats.in_process_read_seeds;
+        assert!(
+            in_process > count / 4 && in_process < count * 3 / 4,
+            "{stats}"
+        );
         // Snapshot starts (`tests/snapshot.rs`): scans resumed, history lost during a scan.
         assert!(stats.snapshot_seeds > count / 10, "{stats}");
         assert!(

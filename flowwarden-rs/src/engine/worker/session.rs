@@ -17,13 +17,13 @@ use super::{SessionEnd, Worker};
 use crate::definition::StreamDefinition;
 use crate::engine::lag::PUBLISH_EVERY;
 use crate::engine::process::{process_event, EventOutcome, ProcessCx};
-use crate::engine::reader::{hand_over, read_loop, Inbox, ReadResult};
+use crate::engine::reader::{alongside, hand_over, max_batch, read_loop, Inbox, ReadResult};
 use crate::engine::tracker::{Settlement, Ticket};
 use crate::engine::transaction::TxnCx;
 use crate::engine::{AbortOnDrop, StreamExit};
 use crate::event::{ChangeEvent, OperationType, ResumeToken};
 use crate::handler::StreamHandler;
-use crate::port::{ChangeCursor, SourceError, SourceErrorKind, SourceItem};
+use crate::port::{ChangeCursor, ReadMode, SourceError, SourceErrorKind, SourceItem};
 use crate::port::{Checkpoint, StoredPosition};
 use crate::status::{Halt, HaltReason};
 
@@ -59,19 +59,30 @@ impl<H: StreamHandler> Worker<H> {
     }
 
     pub(super) async fn session(&mut self, cursor: Box<dyn ChangeCursor>) -> SessionEnd {
-        let capacity = self.env.options.batch_size.clamp(1, 4096) as usize;
-        // Batches of up to `batch_size` items, one in the channel: the reader reads ahead at
-        // most three batches (the one being taken apart, the one in the channel, the one being
-        // filled) and the stream task is woken once per batch, not once per event.
-        let (outbox, mut rx) = hand_over(1, capacity);
-        let reader = AbortOnDrop(tokio::spawn(read_loop(cursor, outbox)));
+        let mode = cursor.read_mode();
+        // Batches of up to `batch_size` items (fewer for a cursor read in process), one in the
+        // channel: the reader reads ahead at most three batches (the one being taken apart, the
+        // one in the channel, the one being filled) and the stream task takes a batch at a time.
+        let (outbox, mut rx) = hand_over(1, max_batch(mode, self.env.options.batch_size));
+        let reader = read_loop(cursor, outbox);
         let mut heartbeat = heartbeat(self.def);
-        let end = if self.def.concurrency.concurrency() > 1 {
-            self.keyed_session(&mut rx, &mut heartbeat).await
-        } else {
-            self.serial_session(&mut rx, &mut heartbeat).await
+        let keyed = self.def.concurrency.concurrency() > 1;
+        let process = async {
+            if keyed {
+                self.keyed_session(&mut rx, &mut heartbeat).await
+            } else {
+                self.serial_session(&mut rx, &mut heartbeat).await
+            }
         };
-        drop(reader);
+        let end = match mode {
+            ReadMode::InProcess => alongside(process, reader).await,
+            _ => {
+                let reader = AbortOnDrop(tokio::spawn(reader));
+                let end = process.await;
+                drop(reader);
+                end
+            }
+        };
         if matches!(end, SessionEnd::Invalidated) {
             // Halt only once the invalidate is stored: a restart then resumes after it and
             // reads the recreated collection.

@@ -274,6 +274,7 @@ async fn simulate(schedule: &Schedule, opts: SimOptions) -> Result<SeedOutcome, 
         w.stats.fault_free_seeds = u64::from(schedule.is_fault_free());
         w.stats.multi_instance_seeds = u64::from(leader.is_some());
         w.stats.concurrent_seeds = u64::from(schedule.settings.concurrency > 1);
+        w.stats.in_process_read_seeds = u64::from(schedule.settings.read_in_process);
         w.stats.shared_checkpoint_seeds = u64::from(shared);
         w.stats.snapshot_seeds = u64::from(snapshot.is_some());
         w.stats.transactional_seeds = u64::from(schedule.is_transactional());

@@ -105,12 +105,16 @@ impl Schedule {
             oldest_unknown: false,
             shared_checkpoint: false,
             concurrency: 1,
+            read_in_process: false,
             snapshot: None,
             transactional: None,
         };
         // From its own generator, so every other draw of the seed stays what it was.
         let mut conc = SplitMix64::new(mix(seed ^ 0x636F_6E63_7572_2121));
         settings.concurrency = conc.pick(&[1, 1, 2, 8, 64]);
+        // Where the reader runs, also from its own generator.
+        let mut read = SplitMix64::new(mix(seed ^ 0x7265_6164_2069_6E21));
+        settings.read_in_process = read.chance(50);
         // Drawn from its own generator, so every other draw of the seed stays what it was.
         let mut oldest = SplitMix64::new(mix(seed ^ 0x6F6C_6465_7374_3F21));
         settings.oldest_unknown =

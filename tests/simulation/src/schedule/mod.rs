@@ -126,6 +126,10 @@ pub struct Settings {
     pub leader: Option<LeaderSettings>,
     /// `#[change_stream(concurrency)]`: 1 (serial) or more, with the default bound.
     pub concurrency: u32,
+    /// The source asks to be read on the stream's own task (`ReadMode::InProcess`, as the
+    /// in-memory backend does) instead of by a reader task of its own (`ReadAhead`, as
+    /// MongoDB's cursor does).
+    pub read_in_process: bool,
     /// `Some`: the stream starts with `start_position = Snapshot` (an initial snapshot of the
     /// documents present before the start); `None`: `start_position = Resume`.
     pub snapshot: Option<SnapshotSettings>,

@@ -1,6 +1,6 @@
 //! The recording change source: every open (and the gap it may take), delivery and scan batch.
 
-use flowwarden::port::{HistoryBounds, HistoryUnknown, ScanRequest, SourceErrorKind};
+use flowwarden::port::{HistoryBounds, HistoryUnknown, ReadMode, ScanRequest, SourceErrorKind};
 
 use super::*;
 
@@ -81,6 +81,11 @@ impl ChangeSource for RecSource {
                 *floor = (*floor).min(st);
             }
         }
+        let read_mode = if w.settings.read_in_process {
+            ReadMode::InProcess
+        } else {
+            ReadMode::ReadAhead
+        };
         drop(w);
         result.map(|inner| {
             Box::new(RecCursor {
@@ -89,6 +94,7 @@ impl ChangeSource for RecSource {
                 last: start,
                 tag,
                 inc,
+                read_mode,
             }) as Box<dyn ChangeCursor>
         })
     }
@@ -135,6 +141,8 @@ struct RecCursor {
     last: Option<u64>,
     tag: String,
     inc: u32,
+    /// Where the engine reads this cursor (the schedule's draw).
+    read_mode: ReadMode,
 }
 
 #[async_trait]
@@ -196,5 +204,9 @@ impl ChangeCursor for RecCursor {
 
     fn initial_position(&self) -> Option<ResumeToken> {
         self.inner.initial_position()
+    }
+
+    fn read_mode(&self) -> ReadMode {
+        self.read_mode
     }
 }
