@@ -14,8 +14,8 @@
 //! ([`alongside`]) for one that answers from memory, where a task of its own would only move
 //! every event between threads.
 
-use std::collections::VecDeque;
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
 use tokio::sync::mpsc;
@@ -68,51 +68,102 @@ pub(crate) type ReadResult = Result<Option<SourceItem>, SourceError>;
 /// (the batches in the channel, the one the processor is taking apart, the one being filled).
 pub(crate) fn hand_over(capacity: usize, max_batch: usize) -> (Outbox, Inbox) {
     let (tx, rx) = mpsc::channel(capacity.max(1));
+    let spares = Spares::default();
     (
         Outbox {
             tx,
             max_batch: max_batch.max(1),
+            spares: spares.clone(),
         },
         Inbox {
             rx,
-            buffer: VecDeque::new(),
+            batch: Vec::new(),
+            next: 0,
+            spares,
         },
     )
+}
+
+/// Emptied batches on their way back to the reader: a busy stream reuses a few allocations
+/// instead of allocating (and growing) a batch for every handful of events. The lock is taken
+/// once per batch on each side.
+#[derive(Clone, Default)]
+struct Spares(Arc<Mutex<Vec<Vec<ReadResult>>>>);
+
+/// Spare batches kept at most (the read-ahead holds at most three batches).
+const MAX_SPARES: usize = 2;
+
+impl Spares {
+    /// An empty batch: a spare one, or a new one with room for `room` items.
+    fn take(&self, room: usize) -> Vec<ReadResult> {
+        let spare = self.0.lock().ok().and_then(|mut spares| spares.pop());
+        spare.unwrap_or_else(|| Vec::with_capacity(room))
+    }
+
+    /// Keeps an emptied batch for the reader (up to [`MAX_SPARES`]).
+    fn give_back(&self, mut batch: Vec<ReadResult>) {
+        if batch.capacity() == 0 {
+            return;
+        }
+        batch.clear();
+        if let Ok(mut spares) = self.0.lock() {
+            if spares.len() < MAX_SPARES {
+                spares.push(batch);
+            }
+        }
+    }
 }
 
 /// The reader's end of the hand-over.
 pub(crate) struct Outbox {
     tx: mpsc::Sender<Vec<ReadResult>>,
     max_batch: usize,
+    spares: Spares,
+}
+
+impl Outbox {
+    /// Takes the filled batch, leaving an empty one in its place.
+    fn take_batch(&self, batch: &mut Vec<ReadResult>) -> Vec<ReadResult> {
+        let room = batch.len();
+        std::mem::replace(batch, self.spares.take(room))
+    }
 }
 
 /// The processor's end of the hand-over.
 pub(crate) struct Inbox {
     rx: mpsc::Receiver<Vec<ReadResult>>,
-    buffer: VecDeque<ReadResult>,
+    /// The batch being taken apart, in place: `batch[next..]` are still to be taken; the items
+    /// before `next` were taken (each replaced by an empty `Ok(None)`).
+    batch: Vec<ReadResult>,
+    next: usize,
+    spares: Spares,
 }
 
 impl Inbox {
     /// Whether an item is at hand (taking it does not wait).
     pub(crate) fn has_buffered(&self) -> bool {
-        !self.buffer.is_empty()
+        self.next < self.batch.len()
     }
 
     /// The item at hand, when [`Inbox::has_buffered`].
     pub(crate) fn take_buffered(&mut self) -> Option<ReadResult> {
-        self.buffer.pop_front()
+        let item = self.batch.get_mut(self.next)?;
+        self.next += 1;
+        Some(std::mem::replace(item, Ok(None)))
     }
 
     /// The next item: from the batch at hand without waiting, else from the next batch;
     /// `None` once the reader ended and everything it handed over was taken. Cancel-safe:
     /// nothing is awaited after a batch is received.
     pub(crate) async fn recv(&mut self) -> Option<ReadResult> {
-        if let Some(item) = self.buffer.pop_front() {
+        if let Some(item) = self.take_buffered() {
             return Some(item);
         }
         let batch = self.rx.recv().await?;
-        self.buffer.extend(batch);
-        self.buffer.pop_front()
+        let spent = std::mem::replace(&mut self.batch, batch);
+        self.next = 0;
+        self.spares.give_back(spent);
+        self.take_buffered()
     }
 }
 
@@ -126,8 +177,11 @@ pub(crate) async fn read_loop(mut cursor: Box<dyn ChangeCursor>, out: Outbox) {
                 Poll::Pending => {
                     // The cursor must wait (for the server, or for new changes): hand over
                     // what is read so far, then wait on the same read.
-                    if !batch.is_empty() && out.tx.send(std::mem::take(&mut batch)).await.is_err() {
-                        return;
+                    if !batch.is_empty() {
+                        let full = out.take_batch(&mut batch);
+                        if out.tx.send(full).await.is_err() {
+                            return;
+                        }
                     }
                     next.await
                 }
@@ -135,9 +189,11 @@ pub(crate) async fn read_loop(mut cursor: Box<dyn ChangeCursor>, out: Outbox) {
         };
         let last = !matches!(item, Ok(Some(_)));
         batch.push(item);
-        let full = last || batch.len() >= out.max_batch;
-        if full && (out.tx.send(std::mem::take(&mut batch)).await.is_err() || last) {
-            return;
+        if last || batch.len() >= out.max_batch {
+            let full = out.take_batch(&mut batch);
+            if out.tx.send(full).await.is_err() || last {
+                return;
+            }
         }
     }
 }
@@ -245,6 +301,32 @@ mod tests {
         .await;
         assert_eq!(out, 7);
         assert!(flag.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_batch_taken_apart_goes_back_to_the_reader_and_is_filled_again() {
+        let (out, mut inbox) = hand_over(2, 4);
+        let event = |n: i32| Ok(Some(SourceItem::Event(doc! {"n": n})));
+        let mut filling: Vec<ReadResult> = vec![event(1), event(2)];
+        let first = out.take_batch(&mut filling);
+        let first_ptr = first.as_ptr();
+        out.tx.send(first).await.expect("open");
+        filling.push(event(3));
+        out.tx
+            .send(out.take_batch(&mut filling))
+            .await
+            .expect("open");
+        // The first batch is taken apart; receiving the second gives the first back.
+        assert!(inbox.recv().await.is_some());
+        assert!(inbox.recv().await.is_some());
+        assert!(!inbox.has_buffered());
+        assert!(
+            matches!(inbox.recv().await, Some(Ok(Some(SourceItem::Event(d)))) if d.get_i32("n") == Ok(3))
+        );
+        let refilled = out.take_batch(&mut filling);
+        assert!(refilled.is_empty());
+        assert_eq!(filling.as_ptr(), first_ptr, "the spent batch is reused");
+        assert!(filling.is_empty() && filling.capacity() >= 2);
     }
 
     #[test]
