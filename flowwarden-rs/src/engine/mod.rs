@@ -1,5 +1,6 @@
 //! The stream engine: reading, routing, retrying, dead-lettering and checkpointing one stream.
 
+mod alongside;
 mod checkpoint_guard;
 mod keyed;
 pub(crate) mod lag;

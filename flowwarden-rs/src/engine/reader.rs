@@ -11,10 +11,9 @@
 //!
 //! Where the reader runs is the source's choice ([`ReadMode`]): on a task of its own for a
 //! cursor that waits on a server, or alongside the processor on the stream's task
-//! ([`alongside`]) for one that answers from memory, where a task of its own would only move
+//! ([`super::alongside`]) for one that answers from memory, where a task of its own would only move
 //! every event between threads.
 
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
@@ -35,29 +34,6 @@ pub(crate) fn max_batch(mode: ReadMode, batch_size: u32) -> usize {
         ReadMode::InProcess => batch.min(IN_PROCESS_BATCH),
         _ => batch,
     }
-}
-
-/// Runs `main` to completion while also driving `side` (the read loop) on the same task, until
-/// `side` ends or `main` does; `side` is then dropped with `main`, as an aborted reader task
-/// would be. `side` is polled whenever `main` waits, so it fills the hand-over while the
-/// processor waits for it.
-pub(crate) async fn alongside<T>(
-    main: impl Future<Output = T>,
-    side: impl Future<Output = ()>,
-) -> T {
-    let mut main = std::pin::pin!(main);
-    let mut side = std::pin::pin!(side);
-    let mut side_done = false;
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(out) = main.as_mut().poll(cx) {
-            return Poll::Ready(out);
-        }
-        if !side_done && side.as_mut().poll(cx).is_ready() {
-            side_done = true;
-        }
-        Poll::Pending
-    })
-    .await
 }
 
 /// What the reader hands over: an item, the end of the cursor (`Ok(None)`), or an error.
@@ -257,7 +233,7 @@ mod tests {
             out,
         );
         // No task is spawned: the reader only advances because `alongside` polls it.
-        let got = alongside(
+        let got = crate::engine::alongside::alongside(
             async {
                 let mut got = Vec::new();
                 while let Some(item) = inbox.recv().await {
@@ -275,32 +251,6 @@ mod tests {
         assert_eq!(events, 5);
         assert!(matches!(got.last(), Some(Ok(None))));
         assert_eq!(got.len(), 7);
-    }
-
-    #[tokio::test]
-    async fn alongside_ends_with_the_processor_and_drops_the_reader() {
-        struct Dropped(std::sync::Arc<std::sync::atomic::AtomicBool>);
-        impl Drop for Dropped {
-            fn drop(&mut self) {
-                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let guard = Dropped(flag.clone());
-        let side = async move {
-            let _guard = guard;
-            std::future::pending::<()>().await
-        };
-        let out = alongside(
-            async {
-                tokio::task::yield_now().await;
-                7
-            },
-            side,
-        )
-        .await;
-        assert_eq!(out, 7);
-        assert!(flag.load(std::sync::atomic::Ordering::SeqCst));
     }
 
     #[tokio::test]
