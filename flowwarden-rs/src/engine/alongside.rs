@@ -119,10 +119,13 @@ fn poll_rounds<T>(
         if !*side_done && side.as_mut().poll(&mut cx).is_ready() {
             *side_done = true;
         }
-        if rounds >= MAX_ROUNDS || !deferred.woken.swap(false, SeqCst) {
-            if rounds >= MAX_ROUNDS {
-                deferred.woken.store(true, SeqCst);
-            }
+        if !deferred.woken.swap(false, SeqCst) {
+            // Neither woke the other: both wait for something else.
+            break Poll::Pending;
+        }
+        if rounds == MAX_ROUNDS {
+            // Still woken: the wake is left for the task's next poll.
+            deferred.woken.store(true, SeqCst);
             break Poll::Pending;
         }
     };

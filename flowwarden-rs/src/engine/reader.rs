@@ -1,4 +1,4 @@
-//! The reader task: the only place a cursor is read. It hands items to the processor over a
+//! The reader: the only place a cursor is read. It hands items to the processor over a
 //! bounded channel, so no `next()` is ever raced against a timer or dropped mid-flight on a
 //! cursor that is reused.
 //!
@@ -11,8 +11,8 @@
 //!
 //! Where the reader runs is the source's choice ([`ReadMode`]): on a task of its own for a
 //! cursor that waits on a server, or alongside the processor on the stream's task
-//! ([`super::alongside`]) for one that answers from memory, where a task of its own would only move
-//! every event between threads.
+//! ([`super::alongside`]) for one that answers from memory, where a task of its own would only
+//! move every event between threads.
 
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
@@ -103,6 +103,13 @@ impl Outbox {
         let room = batch.len();
         std::mem::replace(batch, self.spares.take(room))
     }
+
+    /// Hands the filled batch over (waiting for room in the channel); `false` once the
+    /// processor is gone.
+    async fn send(&self, batch: &mut Vec<ReadResult>) -> bool {
+        let full = self.take_batch(batch);
+        self.tx.send(full).await.is_ok()
+    }
 }
 
 /// The processor's end of the hand-over.
@@ -153,11 +160,8 @@ pub(crate) async fn read_loop(mut cursor: Box<dyn ChangeCursor>, out: Outbox) {
                 Poll::Pending => {
                     // The cursor must wait (for the server, or for new changes): hand over
                     // what is read so far, then wait on the same read.
-                    if !batch.is_empty() {
-                        let full = out.take_batch(&mut batch);
-                        if out.tx.send(full).await.is_err() {
-                            return;
-                        }
+                    if !batch.is_empty() && !out.send(&mut batch).await {
+                        return;
                     }
                     next.await
                 }
@@ -166,8 +170,8 @@ pub(crate) async fn read_loop(mut cursor: Box<dyn ChangeCursor>, out: Outbox) {
         let last = !matches!(item, Ok(Some(_)));
         batch.push(item);
         if last || batch.len() >= out.max_batch {
-            let full = out.take_batch(&mut batch);
-            if out.tx.send(full).await.is_err() || last {
+            let sent = out.send(&mut batch).await;
+            if !sent || last {
                 return;
             }
         }
