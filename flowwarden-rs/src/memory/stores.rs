@@ -3,7 +3,9 @@
 use async_trait::async_trait;
 
 use super::MemoryBackend;
-use crate::port::codec::{encoded_len, is_claim_only, CLAIMED_AT};
+use crate::port::codec::{
+    encode_checkpoint, encode_checkpoint_into, encoded_len, is_claim_only, CLAIMED_AT,
+};
 use crate::port::{check_fence, Fence, LeaseStore};
 use crate::port::{Checkpoint, CheckpointStore};
 use crate::port::{
@@ -53,10 +55,15 @@ impl CheckpointStore for MemoryBackend {
             st.check_checkpoint_epoch(&checkpoint.stream, epoch)?;
             st.check_fence(&checkpoint.stream, checkpoint.owner.as_deref(), Some(epoch))?;
         }
-        st.checkpoints.insert(
-            checkpoint.stream.clone(),
-            crate::port::codec::encode_checkpoint(checkpoint),
-        );
+        // Rewritten in place: the stream's document keeps its allocation from one checkpoint
+        // to the next.
+        match st.checkpoints.get_mut(&checkpoint.stream) {
+            Some(stored) => encode_checkpoint_into(checkpoint, stored),
+            None => {
+                st.checkpoints
+                    .insert(checkpoint.stream.clone(), encode_checkpoint(checkpoint));
+            }
+        }
         Ok(())
     }
 

@@ -37,16 +37,28 @@ pub fn is_claim_only(doc: &Document) -> bool {
 /// The document stored for a checkpoint (`_fw_checkpoints` on MongoDB; the in-memory
 /// backend keeps the same document).
 pub fn encode_checkpoint(checkpoint: &Checkpoint) -> Document {
+    let mut d = Document::new();
+    encode_checkpoint_into(checkpoint, &mut d);
+    d
+}
+
+/// [`encode_checkpoint`] into `d`, replacing everything `d` held. A store that keeps one
+/// document per stream rewrites it in place this way and keeps its allocation: a busy stream
+/// then allocates no new top-level table per checkpoint (one larger than 1 KiB makes glibc's
+/// allocator consolidate every chunk freed since the last one).
+pub fn encode_checkpoint_into(checkpoint: &Checkpoint, d: &mut Document) {
+    d.clear();
     let version = if checkpoint.snapshot.is_some() {
         FORMAT_VERSION_SNAPSHOT
     } else {
         FORMAT_VERSION
     };
-    let mut d = doc! { "_id": &checkpoint.stream, "v": version };
-    put_position(&mut d, "lastProcessed", checkpoint.last_processed.as_ref());
-    put_position(&mut d, "lastSeen", checkpoint.last_seen.as_ref());
+    d.insert("_id", checkpoint.stream.as_str());
+    d.insert("v", version);
+    put_position(d, &LAST_PROCESSED, checkpoint.last_processed.as_ref());
+    put_position(d, &LAST_SEEN, checkpoint.last_seen.as_ref());
     if let Some(snapshot) = &checkpoint.snapshot {
-        put_position(&mut d, "snapshotStart", Some(&snapshot.start));
+        put_position(d, &SNAPSHOT_START, Some(&snapshot.start));
         if let Some(id) = &snapshot.last_id {
             d.insert("snapshotLastId", id.clone());
         }
@@ -63,7 +75,6 @@ pub fn encode_checkpoint(checkpoint: &Checkpoint) -> Document {
         d.insert("epoch", epoch);
     }
     d.insert("updatedAt", checkpoint.updated_at);
-    d
 }
 
 /// Parses a stored checkpoint document strictly: any present field of the wrong shape is an error
@@ -93,8 +104,8 @@ pub fn decode_checkpoint(doc: &Document) -> Result<Checkpoint, CheckpointParseEr
             ))
         }
     }
-    let last_processed = get_position(doc, "lastProcessed", &err)?;
-    let last_seen = get_position(doc, "lastSeen", &err)?;
+    let last_processed = get_position(doc, &LAST_PROCESSED, &err)?;
+    let last_seen = get_position(doc, &LAST_SEEN, &err)?;
     let snapshot = get_snapshot(doc, &err)?;
     let owner = match doc.get("owner") {
         None | Some(Bson::Null) => None,
@@ -127,10 +138,10 @@ fn get_snapshot(
     d: &Document,
     err: &dyn Fn(&str, &str) -> CheckpointParseError,
 ) -> Result<Option<SnapshotProgress>, CheckpointParseError> {
-    let Some(start) = get_position(d, "snapshotStart", err)? else {
+    let Some(start) = get_position(d, &SNAPSHOT_START, err)? else {
         if d.contains_key("snapshotLastId") || d.contains_key("snapshotScanned") {
             return Err(err(
-                "snapshotStartToken",
+                SNAPSHOT_START.token,
                 "is missing while the snapshot's progress is present",
             ));
         }
@@ -164,49 +175,73 @@ fn get_snapshot(
     }))
 }
 
-fn put_position(d: &mut Document, prefix: &str, pos: Option<&StoredPosition>) {
+/// The field names of one stored position (`<prefix>Token`, ...), spelled out so encoding
+/// formats nothing.
+struct PositionFields {
+    token: &'static str,
+    cluster_time: &'static str,
+    wall_time: &'static str,
+    start_after: &'static str,
+}
+
+const LAST_PROCESSED: PositionFields = PositionFields {
+    token: "lastProcessedToken",
+    cluster_time: "lastProcessedClusterTime",
+    wall_time: "lastProcessedWallTime",
+    start_after: "lastProcessedStartAfter",
+};
+const LAST_SEEN: PositionFields = PositionFields {
+    token: "lastSeenToken",
+    cluster_time: "lastSeenClusterTime",
+    wall_time: "lastSeenWallTime",
+    start_after: "lastSeenStartAfter",
+};
+const SNAPSHOT_START: PositionFields = PositionFields {
+    token: "snapshotStartToken",
+    cluster_time: "snapshotStartClusterTime",
+    wall_time: "snapshotStartWallTime",
+    start_after: "snapshotStartStartAfter",
+};
+
+fn put_position(d: &mut Document, fields: &PositionFields, pos: Option<&StoredPosition>) {
     let Some(pos) = pos else { return };
-    d.insert(format!("{prefix}Token"), pos.token.as_document().clone());
+    d.insert(fields.token, pos.token.as_document().clone());
     if let Some(ts) = pos.cluster_time {
-        d.insert(format!("{prefix}ClusterTime"), ts);
+        d.insert(fields.cluster_time, ts);
     }
     if let Some(wt) = pos.wall_time {
-        d.insert(format!("{prefix}WallTime"), wt);
+        d.insert(fields.wall_time, wt);
     }
     if pos.start_after {
-        d.insert(format!("{prefix}StartAfter"), true);
+        d.insert(fields.start_after, true);
     }
 }
 
 fn get_position(
     d: &Document,
-    prefix: &str,
+    fields: &PositionFields,
     err: &dyn Fn(&str, &str) -> CheckpointParseError,
 ) -> Result<Option<StoredPosition>, CheckpointParseError> {
-    let token_field = format!("{prefix}Token");
-    let token = match d.get(&token_field) {
+    let token = match d.get(fields.token) {
         None | Some(Bson::Null) => return Ok(None),
         Some(Bson::Document(t)) if !t.is_empty() => ResumeToken::from_document(t.clone()),
-        Some(Bson::Document(_)) => return Err(err(&token_field, "is an empty document")),
-        Some(_) => return Err(err(&token_field, "is not a resume-token document")),
+        Some(Bson::Document(_)) => return Err(err(fields.token, "is an empty document")),
+        Some(_) => return Err(err(fields.token, "is not a resume-token document")),
     };
-    let ct_field = format!("{prefix}ClusterTime");
-    let cluster_time = match d.get(&ct_field) {
+    let cluster_time = match d.get(fields.cluster_time) {
         None | Some(Bson::Null) => None,
         Some(Bson::Timestamp(ts)) => Some(*ts),
-        Some(_) => return Err(err(&ct_field, "is not a timestamp")),
+        Some(_) => return Err(err(fields.cluster_time, "is not a timestamp")),
     };
-    let wt_field = format!("{prefix}WallTime");
-    let wall_time = match d.get(&wt_field) {
+    let wall_time = match d.get(fields.wall_time) {
         None | Some(Bson::Null) => None,
         Some(Bson::DateTime(t)) => Some(*t),
-        Some(_) => return Err(err(&wt_field, "is not a date")),
+        Some(_) => return Err(err(fields.wall_time, "is not a date")),
     };
-    let sa_field = format!("{prefix}StartAfter");
-    let start_after = match d.get(&sa_field) {
+    let start_after = match d.get(fields.start_after) {
         None | Some(Bson::Null) => false,
         Some(Bson::Boolean(b)) => *b,
-        Some(_) => return Err(err(&sa_field, "is not a boolean")),
+        Some(_) => return Err(err(fields.start_after, "is not a boolean")),
     };
     Ok(Some(StoredPosition {
         token,
@@ -386,6 +421,27 @@ mod tests {
         let mut d = encode_checkpoint(&mid_snapshot());
         d.insert("snapshotLastId", vec![Bson::Int32(1)]);
         assert_eq!(decode_checkpoint(&d).unwrap_err().field, "snapshotLastId");
+    }
+
+    #[test]
+    fn encoding_in_place_replaces_every_field_and_keeps_the_allocation() {
+        // A claimed document that had a snapshot in progress, rewritten with a plain
+        // checkpoint: nothing of the old content may survive, and the field order is the
+        // one a fresh encoding has.
+        let mut stored = encode_checkpoint(&mid_snapshot());
+        stored.insert(CLAIMED_AT, bson::DateTime::from_millis(1));
+        stored.insert("stale", 1);
+        let table = stored.iter().next().map(|(k, _)| k as *const String);
+        let cp = sample();
+        encode_checkpoint_into(&cp, &mut stored);
+        assert_eq!(stored, encode_checkpoint(&cp));
+        assert_eq!(
+            stored.keys().collect::<Vec<_>>(),
+            encode_checkpoint(&cp).keys().collect::<Vec<_>>()
+        );
+        assert_eq!(decode_checkpoint(&stored), Ok(cp));
+        // The entries live where they lived (the table was cleared, not replaced).
+        assert_eq!(stored.iter().next().map(|(k, _)| k as *const String), table);
     }
 
     #[test]
