@@ -110,10 +110,11 @@ pub(crate) enum StreamExit {
 }
 
 /// Aborts a helper task when its owner ends or is dropped (a crash included): the reader of
-/// a session, a leader's renewal loop; so a dead stream never keeps reading or renewing.
-pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
+/// a session, a leader's renewal loop, a checkpoint write running behind the stream; so a
+/// dead stream never keeps reading, renewing or writing.
+pub(crate) struct AbortOnDrop<T = ()>(pub(crate) tokio::task::JoinHandle<T>);
 
-impl Drop for AbortOnDrop {
+impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
     }

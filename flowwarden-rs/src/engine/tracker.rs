@@ -255,6 +255,13 @@ impl Tracker {
         self.processed_since_save = 0;
         self.dirty = false;
     }
+
+    /// Undoes a [`Tracker::mark_saved`] whose write failed: the prefix is unsaved again, and
+    /// the `processed` events it covered count towards the next save again.
+    pub(crate) fn mark_unsaved(&mut self, processed: u32) {
+        self.processed_since_save = self.processed_since_save.saturating_add(processed);
+        self.dirty = true;
+    }
 }
 
 #[cfg(test)]

@@ -1,19 +1,31 @@
 //! Writing the tracker's settled prefix to the checkpoint store, stamped with the writer's
 //! identity and, for a leader, its fencing epoch.
+//!
+//! The saves a busy stream makes as it goes (every `save_every_n` events) are written behind
+//! it ([`Progress::save_behind`]): the write of the settled prefix as it stands starts, and the
+//! stream goes on handling events while the store answers. At most one write is in flight;
+//! a save that falls due meanwhile waits for it and then writes the prefix as it stands then
+//! (so a store slower than the stream gets fewer, larger steps, never two racing writes). Every
+//! other write (the heartbeat's, a stop's, a start position, the settled invalidate) first
+//! waits for the one in flight, so the stored checkpoint only moves forward. What the write
+//! carries is still only the settled prefix: behind the stream means later, never further.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use bson::DateTime;
 use tracing::{debug, warn};
 
 use super::Worker;
 use crate::engine::tracker::{Settlement, Ticket, Tracker};
-use crate::engine::StreamExit;
+use crate::engine::{AbortOnDrop, StreamExit};
 use crate::handler::StreamHandler;
 use crate::port::Fence;
-use crate::port::StoreErrorKind;
 use crate::port::{Checkpoint, CheckpointStore};
 use crate::port::{SourceError, SourceErrorKind};
+use crate::port::{StoreError, StoreErrorKind};
 use crate::status::{Halt, HaltReason, StatusCell};
 
 /// The tracker and the store its checkpoints go to.
@@ -35,18 +47,139 @@ pub(super) struct Progress {
     /// Test-only: [`Progress::freeze`] does nothing (`Builder::no_freeze_after_unknown_outcome`).
     #[cfg(feature = "test-util")]
     pub(super) never_freeze: bool,
+    /// The write running behind the stream, if any (see the module documentation).
+    pub(super) in_flight: Option<InFlight>,
+}
+
+/// A checkpoint write running behind the stream, on a task of its own (aborted if the stream's
+/// task ends without waiting for it: a crash).
+pub(super) struct InFlight {
+    task: AbortOnDrop<Written>,
+    /// The events processed since the previous save that this write covers: they count
+    /// towards the next save again if it fails.
+    processed: u32,
+}
+
+/// What the store answered to a write, with the checkpoint written.
+pub(super) struct Written {
+    result: Result<(), StoreError>,
+    checkpoint: Checkpoint,
+}
+
+/// A finished write behind the stream, as [`in_flight_finished`] hands it over.
+pub(super) struct Finished {
+    written: Result<Written, tokio::task::JoinError>,
+    processed: u32,
+}
+
+/// Waits until the write in `slot` finishes and takes it out; pending for ever when there is
+/// none. Cancel-safe: the write is taken only in the poll that returns it.
+pub(super) async fn in_flight_finished(slot: &mut Option<InFlight>) -> Finished {
+    let Some(in_flight) = slot.as_mut() else {
+        return std::future::pending().await;
+    };
+    let written = (&mut in_flight.task.0).await;
+    let processed = in_flight.processed;
+    *slot = None;
+    Finished { written, processed }
 }
 
 impl Progress {
-    /// Writes the settled prefix if it moved since the last write. A failed write is logged
-    /// and retried at the next opportunity; a fenced write halts the stream.
+    /// Writes the settled prefix if it moved since the last write, after the write in flight
+    /// (if any), and returns once the store answered. A failed write is logged and retried at
+    /// the next opportunity; a fenced write halts the stream.
     pub(super) async fn save(&mut self) -> Result<(), Halt> {
+        self.settle_in_flight().await?;
         if !self.tracker.is_dirty() || self.frozen {
             return Ok(());
         }
         let checkpoint = self.tracker.snapshot(&self.key, DateTime::now());
         if self.write(checkpoint).await? {
             self.tracker.mark_saved();
+        }
+        Ok(())
+    }
+
+    /// Starts writing the settled prefix behind the stream if it moved since the last write and
+    /// no write is in flight; returns at once. A store that answers without waiting (the
+    /// in-memory backend) is written inline; otherwise the write goes on on a task of its own.
+    /// A write that finished since the last look is taken into account first: a fenced one
+    /// halts the stream here.
+    pub(super) fn save_behind(&mut self) -> Result<(), Halt> {
+        if self
+            .in_flight
+            .as_ref()
+            .is_some_and(|w| w.task.0.is_finished())
+        {
+            // Finished: the join handle answers in one poll.
+            let finished = {
+                let mut waiting = std::pin::pin!(in_flight_finished(&mut self.in_flight));
+                match waiting
+                    .as_mut()
+                    .poll(&mut Context::from_waker(Waker::noop()))
+                {
+                    Poll::Ready(finished) => Some(finished),
+                    Poll::Pending => None,
+                }
+            };
+            if let Some(finished) = finished {
+                self.finish(finished)?;
+            }
+        }
+        if self.in_flight.is_some() || self.frozen || !self.tracker.is_dirty() {
+            return Ok(());
+        }
+        let mut checkpoint = self.tracker.snapshot(&self.key, DateTime::now());
+        self.stamp(&mut checkpoint);
+        let processed = self.tracker.processed_since_save();
+        self.tracker.mark_saved();
+        let store = self.store.clone();
+        let mut write: Pin<Box<dyn Future<Output = Written> + Send>> = Box::pin(async move {
+            let result = store.save(&checkpoint).await;
+            Written { result, checkpoint }
+        });
+        // Polled once here with a waker that does nothing: the task that takes the write over
+        // polls it again with its own, and a future wakes only the waker of its latest poll.
+        match write.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(written) => self.finish(Finished {
+                written: Ok(written),
+                processed,
+            }),
+            Poll::Pending => {
+                self.in_flight = Some(InFlight {
+                    task: AbortOnDrop(tokio::spawn(write)),
+                    processed,
+                });
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits for the write in flight, if any, and takes its answer into account.
+    pub(super) async fn settle_in_flight(&mut self) -> Result<(), Halt> {
+        if self.in_flight.is_none() {
+            return Ok(());
+        }
+        let finished = in_flight_finished(&mut self.in_flight).await;
+        self.finish(finished)
+    }
+
+    /// Takes a finished write behind the stream into account: recorded when stored; when
+    /// refused, logged, counted, and its events count towards the next save again; a fenced
+    /// write halts the stream.
+    pub(super) fn finish(&mut self, finished: Finished) -> Result<(), Halt> {
+        let stored = match finished.written {
+            Ok(Written { result, checkpoint }) => self.answered(result, checkpoint)?,
+            Err(e) => {
+                // The write's task panicked (a store bug) or was cancelled: not stored.
+                self.failed.increment(1);
+                self.status.update(|s| s.counters.checkpoint_failures += 1);
+                warn!(stream = self.name, error = %e, "checkpoint write did not complete; progress is kept in memory and written at the next opportunity");
+                false
+            }
+        };
+        if !stored {
+            self.tracker.mark_unsaved(finished.processed);
         }
         Ok(())
     }
@@ -104,13 +237,26 @@ impl Progress {
     /// store refused it for a reason other than fencing (logged and counted: the caller keeps
     /// the progress and writes it at the next opportunity); a fenced write halts the stream.
     pub(super) async fn write(&mut self, mut checkpoint: Checkpoint) -> Result<bool, Halt> {
-        let name = self.name;
+        self.settle_in_flight().await?;
         if self.frozen {
-            debug!(stream = name, "checkpoint not written: a transaction's outcome is unknown, the stored checkpoint decides on restart");
+            debug!(stream = self.name, "checkpoint not written: a transaction's outcome is unknown, the stored checkpoint decides on restart");
             return Ok(true);
         }
         self.stamp(&mut checkpoint);
-        match self.store.save(&checkpoint).await {
+        let result = self.store.save(&checkpoint).await;
+        self.answered(result, checkpoint)
+    }
+
+    /// What the store's answer to a write of `checkpoint` means: `Ok(true)` stored (recorded in
+    /// the status), `Ok(false)` refused for a reason other than fencing (logged and counted),
+    /// a halt when fenced.
+    fn answered(
+        &mut self,
+        result: Result<(), StoreError>,
+        checkpoint: Checkpoint,
+    ) -> Result<bool, Halt> {
+        let name = self.name;
+        match result {
             Ok(()) => {
                 self.recorded(checkpoint);
                 Ok(true)

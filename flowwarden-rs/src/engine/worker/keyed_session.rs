@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use tracing::{info, warn, Instrument};
 
 use super::backoff::stopped;
+use super::checkpoint_writer::in_flight_finished;
 use super::heartbeat::Heartbeat;
 use super::session::{event_span, sleep_until, tick, Admitted, Read};
 use super::{SessionEnd, Worker};
@@ -108,6 +109,11 @@ impl<H: StreamHandler> Worker<H> {
                     }
                     deadline = Some(Instant::now() + timeout);
                     ending.get_or_insert(SessionEnd::Stop);
+                }
+                finished = in_flight_finished(&mut self.progress.in_flight) => {
+                    if let Err(h) = self.progress.finish(finished) {
+                        return SessionEnd::Halt(h);
+                    }
                 }
                 _ = tick(heartbeat) => {
                     if let Err(h) = self.progress.save().await {

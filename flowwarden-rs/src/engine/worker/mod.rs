@@ -59,6 +59,7 @@ pub(crate) async fn run_stream<H: StreamHandler>(
             frozen: false,
             #[cfg(feature = "test-util")]
             never_freeze: env.options.no_freeze_after_unknown_outcome,
+            in_flight: None,
         },
         rng: Rng::new(seed_for(env.options.seed, def.name)),
         restart_failures: 0,
@@ -207,6 +208,9 @@ impl<H: StreamHandler> Worker<H> {
     async fn exit(mut self, exit: StreamExit) -> StreamExit {
         let name = self.def.name;
         self.progress.tracker.abandon_unsettled();
+        if let Err(h) = self.progress.settle_in_flight().await {
+            warn!(stream = name, "checkpoint write failed: {h}");
+        }
         if self.progress.tracker.is_dirty() {
             if let Err(h) = self.progress.save().await {
                 warn!(stream = name, "final checkpoint flush failed: {h}");

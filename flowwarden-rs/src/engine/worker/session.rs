@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn, Instrument};
 
 use super::backoff::{stop_requested, stopped};
+use super::checkpoint_writer::in_flight_finished;
 use super::heartbeat::Heartbeat;
 use super::redelivery::RecentKey;
 use super::{SessionEnd, Worker};
@@ -84,6 +85,12 @@ impl<H: StreamHandler> Worker<H> {
                 end
             }
         };
+        // The write behind the stream is answered before anything else happens: a fenced one
+        // halts the stream whatever ended the session.
+        let end = match self.progress.settle_in_flight().await {
+            Err(h) if !matches!(end, SessionEnd::Halt(_)) => SessionEnd::Halt(h),
+            _ => end,
+        };
         if matches!(end, SessionEnd::Invalidated) {
             // Halt only once the invalidate is stored: a restart then resumes after it and
             // reads the recreated collection.
@@ -121,6 +128,12 @@ impl<H: StreamHandler> Worker<H> {
                 tokio::select! {
                     biased;
                     _ = stopped(&mut stop) => return SessionEnd::Stop,
+                    finished = in_flight_finished(&mut self.progress.in_flight) => {
+                        if let Err(h) = self.progress.finish(finished) {
+                            return SessionEnd::Halt(h);
+                        }
+                        continue;
+                    }
                     _ = tick(heartbeat) => {
                         if let Err(h) = self.progress.save().await {
                             return SessionEnd::Halt(h);
@@ -238,7 +251,14 @@ impl<H: StreamHandler> Worker<H> {
             || self.progress.tracker.processed_since_save() >= self.def.checkpoint.save_every_n
             || admitted.invalidate;
         if due {
-            if let Err(h) = self.progress.save().await {
+            // Behind the stream, except for a transactional stream: its checkpoint commits
+            // with the events' writes, and no plain write may race a commit.
+            let saved = if self.env.transactions.is_none() && !admitted.invalidate {
+                self.progress.save_behind()
+            } else {
+                self.progress.save().await
+            };
+            if let Err(h) = saved {
                 return Some(SessionEnd::Halt(h));
             }
         }
