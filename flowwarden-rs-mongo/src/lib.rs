@@ -81,7 +81,7 @@ pub const ENV_URI: &str = flowwarden::port::MONGODB_URI_VAR;
 pub const ENV_DATABASE: &str = "FLOWWARDEN_DATABASE";
 /// The database used when `FLOWWARDEN_DATABASE` is not set.
 pub const DEFAULT_DATABASE: &str = "flowwarden";
-/// Set to `false` (or `0`, `off`) to connect without the command monitor that counts the
+/// Set to `true` (or `1`, `on`, `yes`) to connect with the command monitor that counts the
 /// driver's own change-stream resumes (see [`ConnectOptions::count_driver_resumes`]).
 pub const ENV_COUNT_DRIVER_RESUMES: &str = "FLOWWARDEN_MONGODB_COUNT_DRIVER_RESUMES";
 
@@ -90,16 +90,17 @@ pub const ENV_COUNT_DRIVER_RESUMES: &str = "FLOWWARDEN_MONGODB_COUNT_DRIVER_RESU
 pub struct ConnectOptions {
     /// Install the command monitor that counts the change-stream resumes the driver makes on
     /// its own (a warning, `flowwarden.source.driver_resumes`,
-    /// [`MongoBackend::driver_resumes`]). Default `true`. The driver then copies and parses
-    /// every command reply once more for the monitor, which costs throughput on busy streams
-    /// (docs/performance.md, P2); nothing is lost without it, the resumes are only not counted.
+    /// [`MongoBackend::driver_resumes`]). Default `false`: with a monitor installed the driver
+    /// copies and parses every command reply once more, which costs a busy stream about a third
+    /// of its throughput (docs/performance.md, P2). Nothing is lost without it (the driver
+    /// resumes after the last event it returned); the resumes are only not counted.
     pub count_driver_resumes: bool,
 }
 
 impl Default for ConnectOptions {
     fn default() -> Self {
         Self {
-            count_driver_resumes: true,
+            count_driver_resumes: false,
         }
     }
 }
@@ -385,10 +386,10 @@ pub async fn backend_from_env() -> Option<Result<MongoBackend, Vec<String>>> {
         .ok()
         .filter(|d| !d.trim().is_empty())
         .unwrap_or_else(|| DEFAULT_DATABASE.to_owned());
-    let count_driver_resumes = !std::env::var(ENV_COUNT_DRIVER_RESUMES).is_ok_and(|v| {
+    let count_driver_resumes = std::env::var(ENV_COUNT_DRIVER_RESUMES).is_ok_and(|v| {
         matches!(
             v.trim().to_ascii_lowercase().as_str(),
-            "false" | "0" | "off" | "no"
+            "true" | "1" | "on" | "yes"
         )
     });
     let options = ConnectOptions {

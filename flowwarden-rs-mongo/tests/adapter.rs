@@ -880,14 +880,21 @@ async fn indexes_are_created_idempotently() {
 #[tokio::test]
 async fn a_backend_connected_without_counting_driver_resumes_has_no_monitor() {
     let emu = mongo_emulator::Emulator::start().await.expect("emulator");
-    let counted = MongoBackend::connect(&emu.uri(), DB)
+    let options = flowwarden_rs_mongo::ConnectOptions {
+        count_driver_resumes: true,
+    };
+    let counted = MongoBackend::connect_with(&emu.uri(), DB, options)
         .await
         .expect("connects");
     assert_eq!(counted.driver_resumes("any"), Some(0));
-    let options = flowwarden_rs_mongo::ConnectOptions {
-        count_driver_resumes: false,
-    };
-    let uncounted = MongoBackend::connect_with(&emu.uri(), DB, options)
+    // The default: no monitor (it would make the driver parse every reply twice).
+    assert_eq!(
+        flowwarden_rs_mongo::ConnectOptions::default(),
+        flowwarden_rs_mongo::ConnectOptions {
+            count_driver_resumes: false
+        }
+    );
+    let uncounted = MongoBackend::connect(&emu.uri(), DB)
         .await
         .expect("connects");
     assert_eq!(uncounted.driver_resumes("any"), None);

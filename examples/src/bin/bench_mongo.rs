@@ -21,8 +21,8 @@ async fn main() {
         Ok(figures) => {
             for f in figures {
                 println!(
-                    "save_every_n = {:>3}: raw watch() {:>8.0} events/s, runtime {:>8.0} events/s, ratio {:.2}; without the command monitor {:>8.0} events/s, ratio {:.2}",
-                    f.save_every, f.raw, f.runtime, f.ratio(), f.runtime_unmonitored, f.ratio_unmonitored()
+                    "save_every_n = {:>3}: raw watch() {:>8.0} events/s, runtime {:>8.0} events/s, ratio {:.2}; counting driver resumes (command monitor) {:>8.0} events/s, ratio {:.2}",
+                    f.save_every, f.raw, f.runtime, f.ratio(), f.runtime_monitored, f.ratio_monitored()
                 );
             }
         }

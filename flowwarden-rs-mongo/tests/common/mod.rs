@@ -16,11 +16,15 @@ pub const DB: &str = "fwtest";
 
 pub use flowwarden_testkit::init_logs;
 
-/// An emulator and a validated backend on it (database `fwtest`).
+/// An emulator and a validated backend on it (database `fwtest`), counting the driver's own
+/// resumes (`ConnectOptions::count_driver_resumes`: the adapter's tests check the count).
 pub async fn emulator() -> (Emulator, MongoBackend) {
     init_logs();
     let emu = Emulator::start().await.expect("emulator starts");
-    let backend = MongoBackend::connect(&emu.uri(), DB)
+    let options = flowwarden_rs_mongo::ConnectOptions {
+        count_driver_resumes: true,
+    };
+    let backend = MongoBackend::connect_with(&emu.uri(), DB, options)
         .await
         .expect("backend connects");
     (emu, backend)
