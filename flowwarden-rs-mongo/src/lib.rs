@@ -86,7 +86,7 @@ pub const DEFAULT_DATABASE: &str = "flowwarden";
 pub const ENV_COUNT_DRIVER_RESUMES: &str = "FLOWWARDEN_MONGODB_COUNT_DRIVER_RESUMES";
 
 /// How [`MongoBackend::connect_with`] sets up the client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ConnectOptions {
     /// Install the command monitor that counts the change-stream resumes the driver makes on
     /// its own (a warning, `flowwarden.source.driver_resumes`,
@@ -95,14 +95,6 @@ pub struct ConnectOptions {
     /// of its throughput (docs/performance.md, P2). Nothing is lost without it (the driver
     /// resumes after the last event it returned); the resumes are only not counted.
     pub count_driver_resumes: bool,
-}
-
-impl Default for ConnectOptions {
-    fn default() -> Self {
-        Self {
-            count_driver_resumes: false,
-        }
-    }
 }
 
 /// The MongoDB backend: a driver client and the database of the `_fw_` collections. Cheap to
