@@ -13,9 +13,9 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 
 use bson::DateTime;
+use futures::FutureExt;
 use tracing::{debug, warn};
 
 use super::Worker;
@@ -112,17 +112,7 @@ impl Progress {
             .is_some_and(|w| w.task.0.is_finished())
         {
             // Finished: the join handle answers in one poll.
-            let finished = {
-                let mut waiting = std::pin::pin!(in_flight_finished(&mut self.in_flight));
-                match waiting
-                    .as_mut()
-                    .poll(&mut Context::from_waker(Waker::noop()))
-                {
-                    Poll::Ready(finished) => Some(finished),
-                    Poll::Pending => None,
-                }
-            };
-            if let Some(finished) = finished {
+            if let Some(finished) = in_flight_finished(&mut self.in_flight).now_or_never() {
                 self.finish(finished)?;
             }
         }
@@ -140,12 +130,12 @@ impl Progress {
         });
         // Polled once here with a waker that does nothing: the task that takes the write over
         // polls it again with its own, and a future wakes only the waker of its latest poll.
-        match write.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(written) => self.finish(Finished {
+        match write.as_mut().now_or_never() {
+            Some(written) => self.finish(Finished {
                 written: Ok(written),
                 processed,
             }),
-            Poll::Pending => {
+            None => {
                 self.in_flight = Some(InFlight {
                     task: AbortOnDrop(tokio::spawn(write)),
                     processed,
@@ -169,14 +159,12 @@ impl Progress {
     /// write halts the stream.
     pub(super) fn finish(&mut self, finished: Finished) -> Result<(), Halt> {
         let stored = match finished.written {
-            Ok(Written { result, checkpoint }) => self.answered(result, checkpoint)?,
-            Err(e) => {
-                // The write's task panicked (a store bug) or was cancelled: not stored.
-                self.failed.increment(1);
-                self.status.update(|s| s.counters.checkpoint_failures += 1);
-                warn!(stream = self.name, error = %e, "checkpoint write did not complete; progress is kept in memory and written at the next opportunity");
-                false
-            }
+            Ok(Written { result, checkpoint }) => self.answered(result.map(|()| checkpoint))?,
+            // The write's task panicked (a store bug) or was cancelled: not stored.
+            Err(e) => self.answered(Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!("the checkpoint write did not complete ({e})"),
+            )))?,
         };
         if !stored {
             self.tracker.mark_unsaved(finished.processed);
@@ -244,20 +232,16 @@ impl Progress {
         }
         self.stamp(&mut checkpoint);
         let result = self.store.save(&checkpoint).await;
-        self.answered(result, checkpoint)
+        self.answered(result.map(|()| checkpoint))
     }
 
-    /// What the store's answer to a write of `checkpoint` means: `Ok(true)` stored (recorded in
-    /// the status), `Ok(false)` refused for a reason other than fencing (logged and counted),
-    /// a halt when fenced.
-    fn answered(
-        &mut self,
-        result: Result<(), StoreError>,
-        checkpoint: Checkpoint,
-    ) -> Result<bool, Halt> {
+    /// What the store's answer to a write means: `Ok(true)` stored (the checkpoint written is
+    /// recorded in the status), `Ok(false)` refused for a reason other than fencing (logged and
+    /// counted), a halt when fenced.
+    fn answered(&mut self, result: Result<Checkpoint, StoreError>) -> Result<bool, Halt> {
         let name = self.name;
         match result {
-            Ok(()) => {
+            Ok(checkpoint) => {
                 self.recorded(checkpoint);
                 Ok(true)
             }
