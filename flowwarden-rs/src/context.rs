@@ -45,6 +45,9 @@ pub struct ChangeContext<T> {
     id: OnceLock<EventId>,
     attempt: AtomicU32,
     dead_letter_reason: Mutex<Option<String>>,
+    /// Set once `dead_letter_reason` holds a reason: the runtime reads this flag after every
+    /// attempt and takes the lock only when a handler asked.
+    dead_letter_requested: AtomicBool,
     save_checkpoint_now: AtomicBool,
     /// The open transaction of this attempt, for `transactional = true` streams.
     transaction: Mutex<Option<TransactionHandle>>,
@@ -103,6 +106,7 @@ impl<T: DeserializeOwned + 'static> ChangeContext<T> {
             stream,
             attempt: AtomicU32::new(1),
             dead_letter_reason: Mutex::new(None),
+            dead_letter_requested: AtomicBool::new(false),
             save_checkpoint_now: AtomicBool::new(false),
             transaction: Mutex::new(None),
         })
@@ -254,9 +258,12 @@ impl<T> ChangeContext<T> {
     /// Asks the runtime to dead-letter this event with `reason` once the handler returns,
     /// without further retries. The event counts as settled once the record is stored.
     pub fn dead_letter(&self, reason: impl Into<String>) {
-        if let Ok(mut slot) = self.dead_letter_reason.lock() {
-            *slot = Some(reason.into());
-        }
+        let mut slot = match self.dead_letter_reason.lock() {
+            Ok(slot) => slot,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        *slot = Some(reason.into());
+        self.dead_letter_requested.store(true, Ordering::Release);
     }
 
     /// Asks the runtime to write the checkpoint as soon as this event is settled, regardless
@@ -291,14 +298,23 @@ impl<T> ChangeContext<T> {
     }
 
     pub(crate) fn take_dead_letter_request(&self) -> Option<String> {
-        self.dead_letter_reason
-            .lock()
-            .ok()
-            .and_then(|mut s| s.take())
+        // A plain load first: the swap (a locked instruction) only when a handler asked.
+        if !self.dead_letter_requested.load(Ordering::Relaxed)
+            || !self.dead_letter_requested.swap(false, Ordering::Acquire)
+        {
+            return None;
+        }
+        let mut slot = match self.dead_letter_reason.lock() {
+            Ok(slot) => slot,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        slot.take()
     }
 
     pub(crate) fn take_save_request(&self) -> bool {
-        self.save_checkpoint_now.swap(false, Ordering::Relaxed)
+        // A plain load first: the swap (a locked instruction) only when a handler asked.
+        self.save_checkpoint_now.load(Ordering::Relaxed)
+            && self.save_checkpoint_now.swap(false, Ordering::Relaxed)
     }
 }
 

@@ -141,16 +141,22 @@ impl ChangeEvent {
     /// Reads the routing fields of a raw event. Fails only when the event cannot be identified
     /// (no `_id` token document or no `operationType`); other odd fields are left to decoding.
     pub fn from_raw(raw: Document) -> Result<Self, EventParseError> {
-        // One pass over the top-level fields (a handful) instead of a lookup per field.
+        // One pass over the top-level fields (a handful) instead of a lookup per field, ending
+        // once the four are found (the server sends them first).
         let (mut has_token, mut operation, mut cluster_time, mut wall_time) =
             (false, None, None, None);
+        let mut found = 0;
         for (key, value) in &raw {
             match (key.as_str(), value) {
                 ("_id", value) => has_token = matches!(value, Bson::Document(_)),
                 ("operationType", Bson::String(op)) => operation = Some(op.as_str()),
                 ("clusterTime", Bson::Timestamp(ts)) => cluster_time = Some(*ts),
                 ("wallTime", Bson::DateTime(time)) => wall_time = Some(*time),
-                _ => {}
+                _ => continue,
+            }
+            found += 1;
+            if found == 4 {
+                break;
             }
         }
         if !has_token {

@@ -15,9 +15,16 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
-/// Rounds of one poll: a wake during every round (tokio's cooperative budget running out wakes
-/// at once and keeps the futures pending) ends the poll after this many, and the task yields.
-const MAX_ROUNDS: usize = 8;
+/// Rounds of one poll at most. A poll goes on while one future woke the other and Tokio's
+/// cooperative budget lasts (the hand-over's channel spends it, one unit per batch sent or
+/// taken), then the task yields, as any Tokio task does once its budget is spent. This bound
+/// ends the poll of futures that keep waking each other without spending the budget.
+///
+/// A yield is not free on a multi-threaded runtime: the task goes back to the queue, an idle
+/// worker is woken to steal it, and the stream then runs on another core with cold caches.
+/// Ending every poll after 8 rounds (256 events) moved a busy stream between the cores about
+/// 4,000 times per million events (docs/performance.md).
+const MAX_ROUNDS: usize = 256;
 
 /// The waker [`alongside`] gives its two futures.
 #[derive(Default)]
@@ -123,7 +130,7 @@ fn poll_rounds<T>(
             // Neither woke the other: both wait for something else.
             break Poll::Pending;
         }
-        if rounds == MAX_ROUNDS {
+        if rounds == MAX_ROUNDS || !tokio::task::coop::has_budget_remaining() {
             // Still woken: the wake is left for the task's next poll.
             deferred.woken.store(true, SeqCst);
             break Poll::Pending;
@@ -200,6 +207,35 @@ mod tests {
         assert!(poll_once(fut.as_mut(), &counter).is_pending());
         assert_eq!(polls.load(SeqCst), MAX_ROUNDS);
         assert_eq!(counter.0.load(SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_poll_ends_once_tokios_budget_is_spent_and_the_task_goes_on_later() {
+        // The reader keeps sending over a channel of one; the processor keeps taking. Each
+        // send and each take spends a unit of the task's budget (128 per poll of a task).
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<u32>(1);
+        let taken = Arc::new(AtomicUsize::new(0));
+        let count = taken.clone();
+        let main = async move {
+            while rx.recv().await.is_some() {
+                count.fetch_add(1, SeqCst);
+            }
+        };
+        let side = async move { while tx.send(1).await.is_ok() {} };
+        let fut = alongside(main, side);
+        let mut fut = std::pin::pin!(fut);
+        let counter = Arc::new(CountingWaker::default());
+        assert!(poll_once(fut.as_mut(), &counter).is_pending());
+        let first = taken.load(SeqCst);
+        assert!(
+            (8..=128).contains(&first),
+            "the poll went on while the budget lasted, and no further: {first} taken"
+        );
+        // The task was woken (now or once this poll of the test's task ends): it goes on.
+        tokio::task::yield_now().await;
+        assert!(counter.0.load(SeqCst) >= 1, "the task was woken");
+        assert!(poll_once(fut.as_mut(), &counter).is_pending());
+        assert!(taken.load(SeqCst) > first, "the next poll goes on");
     }
 
     #[tokio::test]

@@ -32,6 +32,8 @@ pub(crate) enum EventOutcome {
         how: Settlement,
         save_now: bool,
         committed: bool,
+        /// When the handler returned, when one ran: a clock reading the caller may reuse.
+        at: Option<tokio::time::Instant>,
     },
     /// The stream must halt; the event stays unsettled.
     Halt(Halt),
@@ -143,22 +145,22 @@ pub(crate) fn call_key<H: StreamHandler>(
 pub(crate) async fn process_event<H: StreamHandler>(
     handler: &Arc<H>,
     event: Arc<ChangeEvent>,
-    decoded: Option<ChangeContext<H::Document>>,
+    decoded: Option<Arc<ChangeContext<H::Document>>>,
     cx: &ProcessCx<'_>,
     rng: &mut Rng,
 ) -> EventOutcome {
     let name = cx.def.name;
     let decoded = match decoded {
         Some(ctx) => Ok(ctx),
-        None => ChangeContext::<H::Document>::decode(name, event.clone()),
+        None => ChangeContext::<H::Document>::decode(name, event.clone()).map(Arc::new),
     };
     let ctx = match decoded {
-        Ok(ctx) => Arc::new(ctx),
+        Ok(ctx) => ctx,
         Err(e) => {
             let err = HandlerError::with_kind(HandlerErrorKind::Decode, e);
             warn!(stream = name, token = %event.token(), error = %format!("{err:#}"), "undecodable event: dead-lettering it");
             let now = DateTime::now();
-            return dead_letter_at(&event, &err, 1, now, cx).await;
+            return Box::pin(dead_letter_at(&event, &err, 1, now, cx)).await;
         }
     };
 
@@ -167,6 +169,7 @@ pub(crate) async fn process_event<H: StreamHandler>(
     let mut transient = TransientRetries::default();
     loop {
         ctx.set_attempt(attempt);
+        let mut returned = None;
         let result = match call_filter(&**handler, &ctx) {
             Ok(false) => {
                 cx.metrics.filtered.increment(1);
@@ -175,13 +178,14 @@ pub(crate) async fn process_event<H: StreamHandler>(
                     how: Settlement::Filtered,
                     save_now: false,
                     committed: false,
+                    at: None,
                 };
             }
             Ok(true) if cx.txn.is_some() => {
                 let Some(txn) = cx.txn.as_ref() else {
                     unreachable!("checked by the guard");
                 };
-                match transaction::attempt(handler, &ctx, txn, cx.metrics).await {
+                match Box::pin(transaction::attempt(handler, &ctx, txn, cx.metrics)).await {
                     TxnAttempt::Committed => {
                         cx.metrics.handled.increment(1);
                         cx.status.update(|s| {
@@ -192,6 +196,7 @@ pub(crate) async fn process_event<H: StreamHandler>(
                             how: Settlement::Handled,
                             save_now: false,
                             committed: true,
+                            at: None,
                         };
                     }
                     TxnAttempt::Unrouted => return unrouted(&event, cx),
@@ -229,9 +234,11 @@ pub(crate) async fn process_event<H: StreamHandler>(
                 Some(fut) => {
                     let started = tokio::time::Instant::now();
                     let r = catch_panic(fut).await;
+                    let ended = tokio::time::Instant::now();
                     cx.metrics
                         .handler_duration
-                        .record(started.elapsed().as_secs_f64());
+                        .record((ended - started).as_secs_f64());
+                    returned = Some(ended);
                     r
                 }
             },
@@ -247,6 +254,7 @@ pub(crate) async fn process_event<H: StreamHandler>(
                         how: Settlement::Handled,
                         save_now: ctx.take_save_request(),
                         committed: false,
+                        at: returned,
                     };
                 }
                 Some(reason) => {
@@ -273,7 +281,7 @@ pub(crate) async fn process_event<H: StreamHandler>(
                 attempt += 1;
             }
             ErrorAction::Retry | ErrorAction::DeadLetter => {
-                return dead_letter_at(&event, &err, attempt, first, cx).await;
+                return Box::pin(dead_letter_at(&event, &err, attempt, first, cx)).await;
             }
             ErrorAction::Skip => {
                 warn!(stream = name, event_id = %ctx.event_id(), operation = %event.operation_type(), error = %format!("{err:#}"), "event skipped by #[on_error] (ErrorAction::Skip)");
@@ -283,6 +291,7 @@ pub(crate) async fn process_event<H: StreamHandler>(
                     how: Settlement::Skipped,
                     save_now: false,
                     committed: false,
+                    at: None,
                 };
             }
             ErrorAction::Halt => {
@@ -307,6 +316,7 @@ fn unrouted(event: &ChangeEvent, cx: &ProcessCx<'_>) -> EventOutcome {
         how: Settlement::Unrouted,
         save_now: false,
         committed: false,
+        at: None,
     }
 }
 
@@ -360,6 +370,7 @@ async fn dead_letter_at(
                     how: Settlement::DeadLettered,
                     save_now: false,
                     committed: false,
+                    at: None,
                 };
             }
             Err(e) if e.kind == StoreErrorKind::Fenced => {

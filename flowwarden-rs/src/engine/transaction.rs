@@ -56,8 +56,9 @@ pub(crate) struct TxnCx<'a> {
     pub(crate) store: &'a Arc<dyn TransactionStore>,
     /// The checkpoint as it stands once this event is settled, stamped with the writer's
     /// identity and epoch: written inside the transaction. `None` writes no checkpoint (a
-    /// dead-letter replay).
-    pub(crate) checkpoint: Option<Checkpoint>,
+    /// dead-letter replay). Boxed, so that the context every event's processing holds stays
+    /// small for streams without transactions.
+    pub(crate) checkpoint: Option<Box<Checkpoint>>,
     #[cfg(feature = "test-util")]
     pub(crate) hook: Option<&'a TransactionHook>,
 }
@@ -138,7 +139,7 @@ pub(crate) async fn attempt<H: StreamHandler>(
     if let Some(hook) = txn.hook {
         (hook.0)(TransactionStep::BeforeCommit).await;
     }
-    match open.commit(txn.checkpoint.as_ref()).await {
+    match open.commit(txn.checkpoint.as_deref()).await {
         Ok(()) => {
             #[cfg(feature = "test-util")]
             if let Some(hook) = txn.hook {

@@ -88,7 +88,15 @@ impl Progress {
     /// Writes the settled prefix if it moved since the last write, after the write in flight
     /// (if any), and returns once the store answered. A failed write is logged and retried at
     /// the next opportunity; a fenced write halts the stream.
-    pub(super) async fn save(&mut self) -> Result<(), Halt> {
+    ///
+    /// Boxed: a session awaits it beside every event's processing (the heartbeat's branch), and
+    /// held in place the write's state would make each event's future that much larger, all of
+    /// it copied for every event.
+    pub(super) fn save(&mut self) -> Pin<Box<dyn Future<Output = Result<(), Halt>> + Send + '_>> {
+        Box::pin(self.save_in_line())
+    }
+
+    async fn save_in_line(&mut self) -> Result<(), Halt> {
         self.settle_in_flight().await?;
         if !self.tracker.is_dirty() || self.frozen {
             return Ok(());

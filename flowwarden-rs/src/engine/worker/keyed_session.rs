@@ -62,8 +62,7 @@ impl<H: StreamHandler> Worker<H> {
             fence: fence.as_ref(),
             txn: None,
         };
-        let mut queue: KeyedQueue<(Admitted, Option<ChangeContext<H::Document>>)> =
-            KeyedQueue::new(limits.concurrency());
+        let mut queue: KeyedQueue<(Admitted, Decoded<H>)> = KeyedQueue::new(limits.concurrency());
         let mut running = FuturesUnordered::new();
         let mut stop = self.env.stop.clone();
         // Set once the session is ending: nothing more is read or started.
@@ -130,8 +129,8 @@ impl<H: StreamHandler> Worker<H> {
                                 ending = Some(SessionEnd::Halt(h));
                             }
                         }
-                        EventOutcome::Settled { how, save_now, .. } => {
-                            match self.settled(&admitted, how, save_now, None).await {
+                        EventOutcome::Settled { how, save_now, at, .. } => {
+                            match self.settled(&admitted, how, save_now, None, at).await {
                                 None => {}
                                 // A failed save (fenced, store down): nothing else may be
                                 // stored, so the session ends now.
@@ -181,6 +180,9 @@ impl<H: StreamHandler> Worker<H> {
     }
 }
 
+/// An event's context, when it was decoded on receipt to compute its key.
+type Decoded<H> = Option<Arc<ChangeContext<<H as StreamHandler>::Document>>>;
+
 /// What orders a received event, and its context when it was decoded to compute that.
 ///
 /// - No document key (`drop`, `rename`, `dropDatabase`, `invalidate`, unknown types): a
@@ -196,7 +198,7 @@ fn event_key<H: StreamHandler>(
     handler: &H,
     name: &'static str,
     event: &Arc<ChangeEvent>,
-) -> (EventKey, Option<ChangeContext<H::Document>>) {
+) -> (EventKey, Decoded<H>) {
     let Some(document_key) = event.document_key() else {
         return (EventKey::Barrier, None);
     };
@@ -211,5 +213,5 @@ fn event_key<H: StreamHandler>(
             EventKey::Barrier
         }
     };
-    (key, Some(ctx))
+    (key, Some(Arc::new(ctx)))
 }

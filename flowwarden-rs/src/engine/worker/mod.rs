@@ -66,6 +66,7 @@ pub(crate) async fn run_stream<H: StreamHandler>(
         recent: RecentlySettled::new(4096),
         accepted_gap: None,
         next_publish: tokio::time::Instant::now(),
+        reading: None,
         env,
     };
     worker.run().instrument(span).await
@@ -92,6 +93,10 @@ struct Worker<H: StreamHandler> {
     accepted_gap: Option<AcceptedGap>,
     /// When the settled position may next be published for the lag sampler.
     next_publish: tokio::time::Instant,
+    /// The clock reading taken when the latest event settled (the end of its handler, when one
+    /// ran): the serial session's heartbeat check before the next event reuses it instead of
+    /// reading the clock again. Taken (and dropped) by the loop's next turn whatever it does.
+    reading: Option<tokio::time::Instant>,
 }
 
 impl<H: StreamHandler> Worker<H> {
@@ -155,7 +160,7 @@ impl<H: StreamHandler> Worker<H> {
             };
             self.env.status.set_state(StreamState::Running);
             self.env.probe.set_caught_up(false);
-            self.publish_position(true);
+            self.publish_position(true, tokio::time::Instant::now());
             let end = self.session(cursor).await;
             self.progress.tracker.abandon_unsettled();
             if let Some(now) = self.progress.tracker.settled_seen() {

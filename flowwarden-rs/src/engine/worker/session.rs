@@ -44,14 +44,14 @@ impl<H: StreamHandler> Worker<H> {
         self.env
             .probe
             .set_caught_up(self.progress.tracker.unsettled() == 0);
-        self.publish_position(true);
+        self.publish_position(true, Instant::now());
     }
 
-    /// Tells the lag sampler the settled position: at once when `now`, otherwise at most
-    /// every [`PUBLISH_EVERY`], so a busy stream pays for it rarely.
-    pub(super) fn publish_position(&mut self, now: bool) {
-        let at = Instant::now();
-        if !now && at < self.next_publish {
+    /// Tells the lag sampler the settled position: at once when `force`, otherwise at most
+    /// every [`PUBLISH_EVERY`], so a busy stream pays for it rarely. `at` is a clock reading
+    /// taken just before.
+    pub(super) fn publish_position(&mut self, force: bool, at: Instant) {
+        if !force && at < self.next_publish {
             return;
         }
         self.next_publish = at + PUBLISH_EVERY;
@@ -111,13 +111,15 @@ impl<H: StreamHandler> Worker<H> {
     ) -> SessionEnd {
         let mut stop = self.env.stop.clone();
         loop {
+            let reading = self.reading.take();
             let msg = if rx.has_buffered() {
                 // The next item is at hand: nothing to wait for, so no select. The stop request
                 // and the heartbeat come first, as in the select below.
                 if stop_requested(&stop) {
                     return SessionEnd::Stop;
                 }
-                if heartbeat.as_mut().is_some_and(Heartbeat::try_tick) {
+                let now = reading.unwrap_or_else(Instant::now);
+                if heartbeat.as_mut().is_some_and(|h| h.try_tick(now)) {
                     if let Err(h) = self.progress.save().await {
                         return SessionEnd::Halt(h);
                     }
@@ -200,7 +202,9 @@ impl<H: StreamHandler> Worker<H> {
         self.metrics.received.increment(1);
         self.env.probe.set_caught_up(false);
         let recent_key = RecentKey::of(event.token());
-        let redelivered = self.recent.contains(recent_key);
+        let redelivered = self
+            .recent
+            .delivered_again(recent_key, event.cluster_time());
         if redelivered {
             self.metrics.redelivered.increment(1);
             debug!(stream = name, token = %event.token(), "event delivered again after it was settled; processing it again (at-least-once)");
@@ -231,19 +235,24 @@ impl<H: StreamHandler> Worker<H> {
 
     /// Records a settled event: the tracker, the redelivery memory, and the checkpoint when a
     /// save is due. `committed` is the checkpoint a transactional event's commit stored with
-    /// it. Returns how the session ends, if it does (an invalidate, a failed save).
+    /// it. `at` is when its handler returned, when one ran: that clock reading is reused, and
+    /// the clock is read otherwise. Returns how the session ends, if it does (an invalidate, a
+    /// failed save).
     pub(super) async fn settled(
         &mut self,
         admitted: &Admitted,
         how: Settlement,
         save_now: bool,
-        committed: Option<Checkpoint>,
+        committed: Option<Box<Checkpoint>>,
+        at: Option<Instant>,
     ) -> Option<SessionEnd> {
         self.progress.tracker.settle(admitted.ticket, how);
         if let Some(checkpoint) = committed {
-            self.progress.committed(checkpoint);
+            self.progress.committed(*checkpoint);
         }
-        self.publish_position(false);
+        let at = at.unwrap_or_else(Instant::now);
+        self.publish_position(false, at);
+        self.reading = Some(at);
         if how != Settlement::Filtered && how != Settlement::Unrouted {
             self.recent.insert(admitted.recent_key);
         }
@@ -256,6 +265,8 @@ impl<H: StreamHandler> Worker<H> {
             let saved = if self.env.transactions.is_none() && !admitted.invalidate {
                 self.progress.save_behind()
             } else {
+                // Waits for the store: the reading is no longer recent.
+                self.reading = None;
                 self.progress.save().await
             };
             if let Err(h) = saved {
@@ -287,7 +298,8 @@ impl<H: StreamHandler> Worker<H> {
         let outside = false;
         let txn = transactions.as_ref().map(|store| TxnCx {
             store,
-            checkpoint: (!outside).then(|| self.progress.preview_handled(admitted.ticket)),
+            checkpoint: (!outside)
+                .then(|| Box::new(self.progress.preview_handled(admitted.ticket))),
             #[cfg(feature = "test-util")]
             hook: self.env.options.transaction_hook.as_ref(),
         });
@@ -301,9 +313,16 @@ impl<H: StreamHandler> Worker<H> {
         let span = event_span(event);
         let mut deadline: Option<Instant> = None;
         let outcome = {
-            let fut = process_event(&self.handler, event.clone(), None, &cx, &mut self.rng)
-                .instrument(span);
-            tokio::pin!(fut);
+            // Pinned where it is made: a second binding would be a second copy of the future
+            // in this one's state, and both are copied for every event.
+            let mut fut = std::pin::pin!(process_event(
+                &self.handler,
+                event.clone(),
+                None,
+                &cx,
+                &mut self.rng
+            )
+            .instrument(span));
             loop {
                 tokio::select! {
                     biased;
@@ -344,9 +363,10 @@ impl<H: StreamHandler> Worker<H> {
                 how,
                 save_now,
                 committed,
+                at,
             } => {
                 let stored = committed.then_some(committed_checkpoint).flatten();
-                if let Some(end) = self.settled(&admitted, how, save_now, stored).await {
+                if let Some(end) = self.settled(&admitted, how, save_now, stored, at).await {
                     return Some(end);
                 }
                 deadline.map(|_| SessionEnd::Stop)

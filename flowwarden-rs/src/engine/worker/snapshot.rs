@@ -288,7 +288,7 @@ impl<H: StreamHandler> Worker<H> {
         let mut recorded = after.clone();
         let txn = transactions.as_ref().map(|store| TxnCx {
             store,
-            checkpoint: after,
+            checkpoint: after.map(Box::new),
             #[cfg(feature = "test-util")]
             hook: self.env.options.transaction_hook.as_ref(),
         });
