@@ -1,5 +1,6 @@
 //! What the runtime reports about each stream.
 
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use bson::DateTime;
@@ -200,9 +201,23 @@ fn stalled(s: &StreamStatus) -> bool {
 /// The shared, updatable status of one stream.
 #[derive(Debug)]
 pub(crate) struct StatusCell {
+    /// Everything but what `per_event` holds (its counters stay 0 here).
     inner: Mutex<StreamStatus>,
+    per_event: PerEvent,
     changed: tokio::sync::Notify,
 }
+
+/// What moves with every event, kept beside the lock: a busy stream counts without taking it.
+/// A snapshot reads these after the rest, so it may count an event more than the rest shows.
+#[derive(Debug)]
+struct PerEvent {
+    received: AtomicU64,
+    handled: AtomicU64,
+    /// `last_event_at` in milliseconds; [`NO_EVENT`] when none.
+    last_event_at: AtomicI64,
+}
+
+const NO_EVENT: i64 = i64::MIN;
 
 impl StatusCell {
     pub(crate) fn new(name: &'static str) -> Self {
@@ -216,15 +231,43 @@ impl StatusCell {
                 lag: None,
                 checkpoint: None,
             }),
+            per_event: PerEvent {
+                received: AtomicU64::new(0),
+                handled: AtomicU64::new(0),
+                last_event_at: AtomicI64::new(NO_EVENT),
+            },
             changed: tokio::sync::Notify::new(),
         }
     }
 
     pub(crate) fn snapshot(&self) -> StreamStatus {
-        match self.inner.lock() {
+        let mut status = match self.inner.lock() {
             Ok(s) => s.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        let per_event = &self.per_event;
+        status.counters.received = per_event.received.load(Ordering::Relaxed);
+        status.counters.handled = per_event.handled.load(Ordering::Relaxed);
+        status.last_event_at = match per_event.last_event_at.load(Ordering::Relaxed) {
+            NO_EVENT => None,
+            millis => Some(DateTime::from_millis(millis)),
+        };
+        status
+    }
+
+    /// Counts an event received; `wall_time` is its wall time, when it has one.
+    pub(crate) fn count_received(&self, wall_time: Option<DateTime>) {
+        self.per_event.received.fetch_add(1, Ordering::Relaxed);
+        if let Some(time) = wall_time {
+            self.per_event
+                .last_event_at
+                .store(time.timestamp_millis(), Ordering::Relaxed);
         }
+    }
+
+    /// Counts an event handled successfully.
+    pub(crate) fn count_handled(&self) {
+        self.per_event.handled.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Applies `f`. Waiters are woken when the state or the halt changes; counter changes
@@ -268,5 +311,31 @@ impl StatusCell {
                 _ = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_shows_the_per_event_counts_beside_the_rest() {
+        let cell = StatusCell::new("s");
+        let before = cell.snapshot();
+        assert_eq!((before.counters.received, before.counters.handled), (0, 0));
+        assert_eq!(before.last_event_at, None);
+        cell.count_received(Some(DateTime::from_millis(1_000)));
+        cell.count_received(None);
+        cell.count_handled();
+        cell.update(|s| s.counters.filtered += 1);
+        let after = cell.snapshot();
+        assert_eq!(after.counters.received, 2);
+        assert_eq!(after.counters.handled, 1);
+        assert_eq!(after.counters.filtered, 1);
+        assert_eq!(
+            after.last_event_at,
+            Some(DateTime::from_millis(1_000)),
+            "an event without a wall time leaves the last one"
+        );
     }
 }

@@ -188,10 +188,9 @@ pub(crate) async fn process_event<H: StreamHandler>(
                 match Box::pin(transaction::attempt(handler, &ctx, txn, cx.metrics)).await {
                     TxnAttempt::Committed => {
                         cx.metrics.handled.increment(1);
-                        cx.status.update(|s| {
-                            s.counters.handled += 1;
-                            s.counters.transactions_committed += 1;
-                        });
+                        cx.status.count_handled();
+                        cx.status
+                            .update(|s| s.counters.transactions_committed += 1);
                         return EventOutcome::Settled {
                             how: Settlement::Handled,
                             save_now: false,
@@ -249,7 +248,7 @@ pub(crate) async fn process_event<H: StreamHandler>(
             Ok(()) => match ctx.take_dead_letter_request() {
                 None => {
                     cx.metrics.handled.increment(1);
-                    cx.status.update(|s| s.counters.handled += 1);
+                    cx.status.count_handled();
                     return EventOutcome::Settled {
                         how: Settlement::Handled,
                         save_now: ctx.take_save_request(),

@@ -209,15 +209,10 @@ impl<H: StreamHandler> Worker<H> {
             self.metrics.redelivered.increment(1);
             debug!(stream = name, token = %event.token(), "event delivered again after it was settled; processing it again (at-least-once)");
         }
-        self.env.status.update(|s| {
-            s.counters.received += 1;
-            if redelivered {
-                s.counters.redelivered += 1;
-            }
-            if event.wall_time().is_some() {
-                s.last_event_at = event.wall_time();
-            }
-        });
+        self.env.status.count_received(event.wall_time());
+        if redelivered {
+            self.env.status.update(|s| s.counters.redelivered += 1);
+        }
         let invalidate = *event.operation_type() == OperationType::Invalidate;
         let ticket = self.progress.tracker.receive(StoredPosition {
             token: event.token().clone(),

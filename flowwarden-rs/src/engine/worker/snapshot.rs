@@ -283,7 +283,7 @@ impl<H: StreamHandler> Worker<H> {
     /// waiting for it on a stop up to the shutdown timeout, as the stream does for an event.
     async fn read_one(&mut self, event: Arc<ChangeEvent>, after: Option<Checkpoint>) -> Read {
         let name = self.def.name;
-        self.env.status.update(|s| s.counters.received += 1);
+        self.env.status.count_received(None);
         let transactions = self.env.transactions.clone();
         let mut recorded = after.clone();
         let txn = transactions.as_ref().map(|store| TxnCx {
