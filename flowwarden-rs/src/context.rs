@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use bson::{DateTime, Document, Timestamp};
 use serde::de::DeserializeOwned;
@@ -258,10 +258,10 @@ impl<T> ChangeContext<T> {
     /// Asks the runtime to dead-letter this event with `reason` once the handler returns,
     /// without further retries. The event counts as settled once the record is stored.
     pub fn dead_letter(&self, reason: impl Into<String>) {
-        let mut slot = match self.dead_letter_reason.lock() {
-            Ok(slot) => slot,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut slot = self
+            .dead_letter_reason
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         *slot = Some(reason.into());
         self.dead_letter_requested.store(true, Ordering::Release);
     }
@@ -304,11 +304,10 @@ impl<T> ChangeContext<T> {
         {
             return None;
         }
-        let mut slot = match self.dead_letter_reason.lock() {
-            Ok(slot) => slot,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        slot.take()
+        self.dead_letter_reason
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 
     pub(crate) fn take_save_request(&self) -> bool {
