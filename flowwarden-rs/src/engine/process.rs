@@ -144,7 +144,7 @@ pub(crate) fn call_key<H: StreamHandler>(
 /// key); otherwise it is decoded here.
 pub(crate) async fn process_event<H: StreamHandler>(
     handler: &Arc<H>,
-    event: Arc<ChangeEvent>,
+    event: &Arc<ChangeEvent>,
     decoded: Option<Arc<ChangeContext<H::Document>>>,
     cx: &ProcessCx<'_>,
     rng: &mut Rng,
@@ -160,7 +160,7 @@ pub(crate) async fn process_event<H: StreamHandler>(
             let err = HandlerError::with_kind(HandlerErrorKind::Decode, e);
             warn!(stream = name, token = %event.token(), error = %format!("{err:#}"), "undecodable event: dead-lettering it");
             let now = DateTime::now();
-            return Box::pin(dead_letter_at(&event, &err, 1, now, cx)).await;
+            return Box::pin(dead_letter_at(event, &err, 1, now, cx)).await;
         }
     };
 
@@ -198,7 +198,7 @@ pub(crate) async fn process_event<H: StreamHandler>(
                             at: None,
                         };
                     }
-                    TxnAttempt::Unrouted => return unrouted(&event, cx),
+                    TxnAttempt::Unrouted => return unrouted(event, cx),
                     TxnAttempt::Halt(h) => return EventOutcome::Halt(h),
                     TxnAttempt::Failed(e) => Err(e),
                     TxnAttempt::Retry {
@@ -229,7 +229,7 @@ pub(crate) async fn process_event<H: StreamHandler>(
                 }
             }
             Ok(true) => match H::handle(handler.clone(), ctx.clone()) {
-                None => return unrouted(&event, cx),
+                None => return unrouted(event, cx),
                 Some(fut) => {
                     let started = tokio::time::Instant::now();
                     let r = catch_panic(fut).await;
@@ -280,7 +280,7 @@ pub(crate) async fn process_event<H: StreamHandler>(
                 attempt += 1;
             }
             ErrorAction::Retry | ErrorAction::DeadLetter => {
-                return Box::pin(dead_letter_at(&event, &err, attempt, first, cx)).await;
+                return Box::pin(dead_letter_at(event, &err, attempt, first, cx)).await;
             }
             ErrorAction::Skip => {
                 warn!(stream = name, event_id = %ctx.event_id(), operation = %event.operation_type(), error = %format!("{err:#}"), "event skipped by #[on_error] (ErrorAction::Skip)");

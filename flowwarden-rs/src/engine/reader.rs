@@ -22,7 +22,8 @@ use tokio::sync::mpsc;
 use crate::port::{ChangeCursor, ReadMode, SourceError, SourceItem};
 
 /// The largest hand-over batch of a reader running alongside the processor
-/// ([`ReadMode::InProcess`]): small enough that the events read ahead (at most three batches)
+/// ([`ReadMode::InProcess`], `concurrency > 1`; a serial stream reads such a cursor itself,
+/// without a hand-over): small enough that the events read ahead (at most three batches)
 /// are still in the CPU cache when they are handled.
 pub(crate) const IN_PROCESS_BATCH: usize = 32;
 

@@ -58,7 +58,10 @@ pub(crate) struct Tracker {
     pending: VecDeque<Pending>,
     next_seq: u64,
     seen: Option<StoredPosition>,
+    /// The latest settled handled position, unless `processed_at_seen`: then it is `seen` (the
+    /// common case, a handled event settling), kept once rather than cloned into both.
     processed: Option<StoredPosition>,
+    processed_at_seen: bool,
     /// The stored `lastSeen` that a replay from the stored `lastProcessed` has not passed yet:
     /// written as `lastSeen` instead of the older replayed positions, so the replay never gives
     /// up a fallback the stream could resume from.
@@ -82,6 +85,7 @@ impl Tracker {
             next_seq: 0,
             seen,
             processed,
+            processed_at_seen: false,
             seen_floor: None,
             processed_since_save: 0,
             dirty: false,
@@ -116,8 +120,7 @@ impl Tracker {
         #[cfg(feature = "test-util")]
         if self.checkpoint_on_receipt {
             // The bug the simulation must catch: "seen" treated as "done".
-            self.seen = Some(position.clone());
-            self.processed = Some(position.clone());
+            self.advance_both(position.clone());
             self.dirty = true;
         }
         self.pending.push_back(Pending {
@@ -144,10 +147,12 @@ impl Tracker {
                 // The bug: whatever completed last and highest is "done", with all before it.
                 if highest.is_none_or(|h| p.seq > h) {
                     *highest = Some(p.seq);
-                    self.seen = Some(p.position.clone());
+                    let position = p.position.clone();
                     if how.is_processed() {
-                        self.processed = Some(p.position.clone());
+                        self.advance_both(position);
                         self.processed_since_save += 1;
+                    } else {
+                        self.advance_seen(position);
                     }
                     self.dirty = true;
                 }
@@ -166,22 +171,40 @@ impl Tracker {
                 // Already counted by the bug above; the prefix catching up changes nothing.
                 continue;
             }
-            if how.is_processed() {
-                self.processed = Some(done.position.clone());
-                self.processed_since_save += 1;
-            } else if done.position.start_after {
-                // A settled invalidate ends the stream whether a handler took it or not: both
-                // tokens move past it, so neither resume strategy replays it (and halts again).
-                self.processed = Some(done.position.clone());
-            }
             if self.seen_floor.as_ref().is_some_and(|floor| {
                 done.position.token.position_cmp(&floor.token) != Some(Ordering::Less)
             }) {
                 // Passed (or not comparable: then the replayed position is written, as before).
                 self.seen_floor = None;
             }
-            self.seen = Some(done.position);
+            if how.is_processed() {
+                self.processed_since_save += 1;
+                self.advance_both(done.position);
+            } else if done.position.start_after {
+                // A settled invalidate ends the stream whether a handler took it or not: both
+                // tokens move past it, so neither resume strategy replays it (and halts again).
+                self.advance_both(done.position);
+            } else {
+                self.advance_seen(done.position);
+            }
             self.dirty = true;
+        }
+    }
+
+    /// Moves the settled `seen` to `position`, and the settled `processed` with it.
+    fn advance_both(&mut self, position: StoredPosition) {
+        self.seen = Some(position);
+        self.processed = None;
+        self.processed_at_seen = true;
+    }
+
+    /// Moves the settled `seen` to `position`; the settled `processed` stays where it was (when
+    /// it was `seen`, that position moves over to it).
+    fn advance_seen(&mut self, position: StoredPosition) {
+        let before = self.seen.replace(position);
+        if self.processed_at_seen {
+            self.processed = before;
+            self.processed_at_seen = false;
         }
     }
 
@@ -190,7 +213,7 @@ impl Tracker {
     /// re-delivers positions settled before, and until it passes the stored `lastSeen`, that one
     /// stays the written `lastSeen` (see `docs/checkpoint-resume.md`).
     pub(crate) fn hold_seen_floor(&mut self) {
-        let ahead = match (&self.seen, &self.processed) {
+        let ahead = match (&self.seen, self.settled_processed()) {
             (Some(seen), Some(processed)) => {
                 seen.token.position_cmp(&processed.token) == Some(Ordering::Greater)
             }
@@ -224,7 +247,11 @@ impl Tracker {
 
     /// The latest settled handled position.
     pub(crate) fn settled_processed(&self) -> Option<&StoredPosition> {
-        self.processed.as_ref()
+        if self.processed_at_seen {
+            self.seen.as_ref()
+        } else {
+            self.processed.as_ref()
+        }
     }
 
     /// Handled events settled since the last save.
@@ -241,7 +268,7 @@ impl Tracker {
     pub(crate) fn snapshot(&self, stream: &str, updated_at: bson::DateTime) -> Checkpoint {
         Checkpoint {
             stream: stream.to_owned(),
-            last_processed: self.processed.clone(),
+            last_processed: self.settled_processed().cloned(),
             last_seen: self.seen_floor.clone().or_else(|| self.seen.clone()),
             owner: None,
             epoch: None,
@@ -292,6 +319,38 @@ mod tests {
         t.settle(a, Settlement::Handled);
         assert_eq!(data(t.settled_seen()).as_deref(), Some("0002"));
         assert_eq!(t.processed_since_save(), 2);
+    }
+
+    #[test]
+    fn processed_stays_on_the_last_handled_event_while_seen_moves_on_and_back_with_it() {
+        let mut t = Tracker::new(Some(pos(0)), Some(pos(0)));
+        let settle = |t: &mut Tracker, n: u32, how: Settlement| {
+            let ticket = t.receive(pos(n));
+            t.settle(ticket, how);
+            let cp = t.snapshot("s", bson::DateTime::from_millis(0));
+            (
+                data(cp.last_seen.as_ref()).unwrap_or_default(),
+                data(cp.last_processed.as_ref()).unwrap_or_default(),
+            )
+        };
+        let both = |n: &str| (n.to_owned(), n.to_owned());
+        assert_eq!(settle(&mut t, 1, Settlement::Handled), both("0001"));
+        assert_eq!(
+            settle(&mut t, 2, Settlement::Filtered),
+            ("0002".into(), "0001".into())
+        );
+        assert_eq!(
+            settle(&mut t, 3, Settlement::Idle),
+            ("0003".into(), "0001".into())
+        );
+        assert_eq!(settle(&mut t, 4, Settlement::DeadLettered), both("0004"));
+        assert_eq!(
+            settle(&mut t, 5, Settlement::Unrouted),
+            ("0005".into(), "0004".into())
+        );
+        assert_eq!(settle(&mut t, 6, Settlement::Skipped), both("0006"));
+        assert_eq!(data(t.settled_processed()).as_deref(), Some("0006"));
+        assert_eq!(data(t.settled_seen()).as_deref(), Some("0006"));
     }
 
     #[test]

@@ -227,7 +227,8 @@ pub enum ReadMode {
     ReadAhead,
     /// `next()` answers from memory in this process (the in-memory backend): a task of its own
     /// would gain nothing but move every event between threads. The engine reads on the
-    /// stream's own task, alongside the handler, a few events at a time, so an event is still
-    /// in the CPU cache when it is handled.
+    /// stream's own task: a serial stream reads one event when it takes it, a keyed stream
+    /// reads alongside its handlers a few events at a time, so an event is still in the CPU
+    /// cache when it is handled.
     InProcess,
 }

@@ -43,7 +43,14 @@ pub(super) async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// Whether [`stopped`] would resolve now, without waiting.
-pub(super) fn stop_requested(stop: &tokio::sync::watch::Receiver<bool>) -> bool {
-    stop.has_changed().is_err() || *stop.borrow()
+/// Whether [`stopped`] would resolve now, without waiting, for a receiver whose last seen value
+/// was `false` (the session checks once, with `borrow_and_update`, when it begins; [`stopped`]
+/// resolving ends it). Between two events only the version is compared, so the watch's lock
+/// is taken only when the value changed.
+pub(super) fn stop_requested(stop: &mut tokio::sync::watch::Receiver<bool>) -> bool {
+    match stop.has_changed() {
+        Err(_) => true,
+        Ok(false) => false,
+        Ok(true) => *stop.borrow_and_update(),
+    }
 }

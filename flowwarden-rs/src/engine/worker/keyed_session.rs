@@ -79,13 +79,13 @@ impl<H: StreamHandler> Worker<H> {
             if may_start {
                 while let Some((key, (admitted, decoded))) = queue.next_ready() {
                     let mut rng = Rng::new(self.rng.next_u64());
-                    let event = admitted.event.clone();
-                    let span = event_span(&event);
+                    let span = event_span(&admitted.event);
                     let (handler, cx) = (&handler, &cx);
                     running.push(
                         async move {
                             let outcome =
-                                process_event(handler, event, decoded, cx, &mut rng).await;
+                                process_event(handler, &admitted.event, decoded, cx, &mut rng)
+                                    .await;
                             (key, admitted, outcome)
                         }
                         .instrument(span),

@@ -1,9 +1,11 @@
-//! One read session: the reader task feeds events through a bounded channel; each event is
-//! received by the tracker, processed (filter, route, retry, dead-letter) and settled, while
-//! the heartbeat and a stop request are served in the same select (or, between two events
-//! already handed over, checked without one).
+//! One read session: each event is received by the tracker, processed (filter, route, retry,
+//! dead-letter) and settled, while the heartbeat and a stop request are served in the same
+//! select (or, between two events at hand, checked without one). A cursor that waits on a
+//! server is read by a reader feeding a bounded channel; a serial stream over a cursor that
+//! answers from memory reads it itself, one event at a time.
 
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -62,13 +64,21 @@ impl<H: StreamHandler> Worker<H> {
 
     pub(super) async fn session(&mut self, cursor: Box<dyn ChangeCursor>) -> SessionEnd {
         let mode = cursor.read_mode();
+        let mut heartbeat = heartbeat(self.def);
+        let keyed = self.def.concurrency.concurrency() > 1;
+        if mode == ReadMode::InProcess && !keyed {
+            // Nothing to overlap, nothing to hand over: the stream's task reads each event as
+            // it takes it.
+            let mut cursor = cursor;
+            let end = self.serial_in_process(&mut cursor, &mut heartbeat).await;
+            drop(cursor);
+            return self.session_ended(end).await;
+        }
         // Batches of up to `batch_size` items (fewer for a cursor read in process), one in the
         // channel: the reader reads ahead at most three batches (the one being taken apart, the
         // one in the channel, the one being filled) and the stream task takes a batch at a time.
         let (outbox, mut rx) = hand_over(1, max_batch(mode, self.env.options.batch_size));
         let reader = read_loop(cursor, outbox);
-        let mut heartbeat = heartbeat(self.def);
-        let keyed = self.def.concurrency.concurrency() > 1;
         let process = async {
             if keyed {
                 self.keyed_session(&mut rx, &mut heartbeat).await
@@ -85,6 +95,12 @@ impl<H: StreamHandler> Worker<H> {
                 end
             }
         };
+        self.session_ended(end).await
+    }
+
+    /// What follows every session, however it read: the write behind the stream is answered,
+    /// and a settled invalidate is stored before the session reports it.
+    async fn session_ended(&mut self, end: SessionEnd) -> SessionEnd {
         // The write behind the stream is answered before anything else happens: a fenced one
         // halts the stream whatever ended the session.
         let end = match self.progress.settle_in_flight().await {
@@ -110,12 +126,15 @@ impl<H: StreamHandler> Worker<H> {
         heartbeat: &mut Option<Heartbeat>,
     ) -> SessionEnd {
         let mut stop = self.env.stop.clone();
+        if *stop.borrow_and_update() {
+            return SessionEnd::Stop;
+        }
         loop {
             let reading = self.reading.take();
             let msg = if rx.has_buffered() {
                 // The next item is at hand: nothing to wait for, so no select. The stop request
                 // and the heartbeat come first, as in the select below.
-                if stop_requested(&stop) {
+                if stop_requested(&mut stop) {
                     return SessionEnd::Stop;
                 }
                 let now = reading.unwrap_or_else(Instant::now);
@@ -146,6 +165,74 @@ impl<H: StreamHandler> Worker<H> {
                 }
             };
             match self.on_read(msg) {
+                Read::Nothing => {}
+                Read::End(end) => return end,
+                Read::Event(admitted) => {
+                    if let Some(end) = self.on_event(admitted, heartbeat, &mut stop).await {
+                        return end;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `concurrency = 1` over a cursor that answers from memory ([`ReadMode::InProcess`]): the
+    /// stream's task reads each event when it takes it, so nothing crosses a channel and an
+    /// event is handled while the cursor's work on it is still in the CPU cache. A `next()`
+    /// that has to wait (for new changes) is raced against a stop, the write behind and the
+    /// heartbeat, and is never dropped until it answers or the session ends.
+    async fn serial_in_process(
+        &mut self,
+        cursor: &mut Box<dyn ChangeCursor>,
+        heartbeat: &mut Option<Heartbeat>,
+    ) -> SessionEnd {
+        let mut stop = self.env.stop.clone();
+        if *stop.borrow_and_update() {
+            return SessionEnd::Stop;
+        }
+        let mut taken: u32 = 0;
+        loop {
+            let reading = self.reading.take();
+            if stop_requested(&mut stop) {
+                return SessionEnd::Stop;
+            }
+            let now = reading.unwrap_or_else(Instant::now);
+            if heartbeat.as_mut().is_some_and(|h| h.try_tick(now)) {
+                if let Err(h) = self.progress.save().await {
+                    return SessionEnd::Halt(h);
+                }
+                continue;
+            }
+            taken = taken.wrapping_add(1);
+            if taken.is_multiple_of(EVENTS_PER_BUDGET_UNIT) {
+                // A cursor at hand never waits, so nothing else spends the task's cooperative
+                // budget: this does, and the task yields to the others now and then.
+                tokio::task::coop::consume_budget().await;
+            }
+            let msg = {
+                let mut next = cursor.next();
+                match futures::poll!(&mut next) {
+                    Poll::Ready(item) => item,
+                    Poll::Pending => loop {
+                        tokio::select! {
+                            biased;
+                            _ = stopped(&mut stop) => return SessionEnd::Stop,
+                            finished = in_flight_finished(&mut self.progress.in_flight) => {
+                                if let Err(h) = self.progress.finish(finished) {
+                                    return SessionEnd::Halt(h);
+                                }
+                            }
+                            _ = tick(heartbeat) => {
+                                if let Err(h) = self.progress.save().await {
+                                    return SessionEnd::Halt(h);
+                                }
+                            }
+                            item = &mut next => break item,
+                        }
+                    },
+                }
+            };
+            match self.on_read(Some(msg)) {
                 Read::Nothing => {}
                 Read::End(end) => return end,
                 Read::Event(admitted) => {
@@ -310,14 +397,10 @@ impl<H: StreamHandler> Worker<H> {
         let outcome = {
             // Pinned where it is made: a second binding would be a second copy of the future
             // in this one's state, and both are copied for every event.
-            let mut fut = std::pin::pin!(process_event(
-                &self.handler,
-                event.clone(),
-                None,
-                &cx,
-                &mut self.rng
-            )
-            .instrument(span));
+            let mut fut =
+                std::pin::pin!(
+                    process_event(&self.handler, event, None, &cx, &mut self.rng).instrument(span)
+                );
             loop {
                 tokio::select! {
                     biased;
@@ -397,6 +480,11 @@ pub(super) fn event_span(event: &ChangeEvent) -> tracing::Span {
         operation = %event.operation_type(),
     )
 }
+
+/// Events a serial in-process session takes per unit of Tokio's cooperative budget (128 units
+/// a poll): it yields about every 2,000 events, as often as the hand-over's channel makes a
+/// stream read ahead yield. A yield may move the task to another core, so not more often.
+const EVENTS_PER_BUDGET_UNIT: u32 = 16;
 
 fn heartbeat(def: &StreamDefinition) -> Option<Heartbeat> {
     let secs = def.checkpoint.save_interval_secs;

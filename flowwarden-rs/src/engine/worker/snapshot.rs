@@ -296,8 +296,7 @@ impl<H: StreamHandler> Worker<H> {
         let span = event_span(&event);
         let mut stop = self.env.stop.clone();
         let mut deadline: Option<Instant> = None;
-        let fut =
-            process_event(&self.handler, event.clone(), None, &cx, &mut self.rng).instrument(span);
+        let fut = process_event(&self.handler, &event, None, &cx, &mut self.rng).instrument(span);
         tokio::pin!(fut);
         loop {
             tokio::select! {
