@@ -2,10 +2,11 @@
 //! bare loop over the same source. Run in release mode:
 //!
 //! ```text
-//! cargo run --release -p flowwarden-examples --bin bench_runtime [-- --changes N] [-- --save-every N]
+//! cargo run --release -p flowwarden-examples --bin bench_runtime [-- --changes N] [-- --save-every N] [-- --pairs N]
 //! ```
 //!
-//! Prints events per second of both, their ratio, and the process's peak resident memory.
+//! Prints events per second of both and their ratio for each of `--pairs` interleaved pairs
+//! (default 3), the median ratio, and the process's peak resident memory.
 //! `bench_suite` runs it with the others.
 
 use std::time::Instant;
@@ -16,6 +17,7 @@ use flowwarden_examples::bench::{arg, p1, peak_rss_mib};
 async fn main() {
     let changes = arg("--changes", 1_000_000);
     let save_every = arg("--save-every", 1) as u32;
+    let pairs = arg("--pairs", 3) as u32;
     let t = Instant::now();
     let backend = match p1::prefill(changes) {
         Ok(b) => b,
@@ -29,15 +31,25 @@ async fn main() {
         t.elapsed(),
         peak_rss_mib()
     );
-    match p1::run(&backend, changes, &[save_every]).await {
+    match p1::run(&backend, changes, &[save_every], pairs).await {
         Ok(figures) => {
             for f in figures {
-                println!("bare loop:   {changes} events = {:>10.0} events/s", f.bare);
+                for (i, p) in f.pairs.iter().enumerate() {
+                    println!(
+                        "pair {}: bare loop {:>10.0} events/s, runtime {:>10.0} events/s (save_every_n = {}), ratio {:.2}",
+                        i + 1,
+                        p.bare,
+                        p.runtime,
+                        f.save_every,
+                        p.ratio()
+                    );
+                }
                 println!(
-                    "runtime:     {changes} events = {:>10.0} events/s (save_every_n = {})",
-                    f.runtime, f.save_every
+                    "ratio runtime/bare = {:.2} (median of {} pairs: {})",
+                    f.ratio(),
+                    f.pairs.len(),
+                    f.ratios()
                 );
-                println!("ratio runtime/bare = {:.2}", f.ratio());
             }
         }
         Err(e) => {

@@ -66,6 +66,9 @@ fn failed(id: &'static str, what: &str, e: BenchError) -> Vec<Row> {
     vec![Row::new(id, what, format!("failed: {e}"), "—")]
 }
 
+/// Interleaved bare / runtime pairs per P1 figure (the median is reported, every pair shown).
+const P1_PAIRS: u32 = 3;
+
 async fn part_p1(c: &Counts) -> Vec<Row> {
     let what = |s: &str| {
         format!(
@@ -77,7 +80,7 @@ async fn part_p1(c: &Counts) -> Vec<Row> {
         Ok(b) => b,
         Err(e) => return failed("P1", &what("1 and 100"), e),
     };
-    match p1::run(&backend, c.p1, &[1, 100]).await {
+    match p1::run(&backend, c.p1, &[1, 100], P1_PAIRS).await {
         Ok(fs) => fs
             .iter()
             .map(|f| {
@@ -90,10 +93,12 @@ async fn part_p1(c: &Counts) -> Vec<Row> {
                     "P1",
                     what(&f.save_every.to_string()),
                     format!(
-                        "{:.2} ({:.0} vs {:.0} events/s)",
+                        "{:.2} ({:.0} vs {:.0} events/s; median of {} pairs: {})",
                         f.ratio(),
-                        f.runtime,
-                        f.bare
+                        f.median().runtime,
+                        f.median().bare,
+                        f.pairs.len(),
+                        f.ratios()
                     ),
                     target,
                 )
