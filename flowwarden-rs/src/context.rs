@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use bson::{DateTime, Document, Timestamp};
 use serde::de::DeserializeOwned;
@@ -38,7 +38,7 @@ impl fmt::Display for EventId {
 ///
 /// `T` is the stream's `document` type (`bson::Document` when none is declared).
 pub struct ChangeContext<T> {
-    event: Arc<ChangeEvent>,
+    event: ChangeEvent,
     document: Slot<T>,
     document_before_change: Slot<T>,
     stream: &'static str,
@@ -91,7 +91,7 @@ impl<T> Slot<T> {
 
 impl<T: DeserializeOwned + 'static> ChangeContext<T> {
     /// Builds the context, decoding `fullDocument` and `fullDocumentBeforeChange` into `T`.
-    pub fn decode(stream: &'static str, event: Arc<ChangeEvent>) -> Result<Self, DecodeError> {
+    pub fn decode(stream: &'static str, event: ChangeEvent) -> Result<Self, DecodeError> {
         let document = slot::<T>(&event, "fullDocument", |e| {
             e.full_document().and_then(as_t::<T>)
         })?;
@@ -246,7 +246,7 @@ impl<T> ChangeContext<T> {
     }
 
     /// The shared parsed event.
-    pub fn event(&self) -> &Arc<ChangeEvent> {
+    pub fn event(&self) -> &ChangeEvent {
         &self.event
     }
 
@@ -340,8 +340,8 @@ mod tests {
         status: String,
     }
 
-    fn event(raw: Document) -> Arc<ChangeEvent> {
-        Arc::new(ChangeEvent::from_raw(raw).expect("valid event"))
+    fn event(raw: Document) -> ChangeEvent {
+        ChangeEvent::from_raw(raw).expect("valid event")
     }
 
     #[test]

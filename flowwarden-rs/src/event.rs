@@ -7,7 +7,7 @@
 mod token;
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 
 use bson::{Bson, DateTime, Document, Timestamp};
 
@@ -118,15 +118,33 @@ pub struct SplitEvent {
 /// the times); the other fields are read from the raw document when asked for (`documentKey`,
 /// `lsid`, `txnNumber`, `splitEvent` in place, `ns` and `updateDescription` once, then kept),
 /// so an event is not copied on its way to the handler.
+///
+/// A `ChangeEvent` is a handle: the raw document and what was read from it sit in one shared
+/// allocation, which the event's token ([`ChangeEvent::token`]) is a view of. Cloning an event
+/// (the runtime, the handler's context and a dead-letter record each keep one) copies a
+/// pointer.
 #[derive(Clone)]
 pub struct ChangeEvent {
-    raw: Arc<Document>,
+    /// Always the event's own token, a view of its body (`ResumeToken::of_event`).
     token: ResumeToken,
+}
+
+/// What one received event is made of: its raw document and the fields read from it, in one
+/// allocation shared by every clone of the event and of its token.
+pub(crate) struct EventBody {
+    raw: Document,
     operation_type: OperationType,
     cluster_time: Option<Timestamp>,
     wall_time: Option<DateTime>,
     namespace: OnceLock<Namespace>,
     update_description: OnceLock<Option<UpdateDescription>>,
+}
+
+impl EventBody {
+    /// The raw change event.
+    pub(crate) fn raw(&self) -> &Document {
+        &self.raw
+    }
 }
 
 /// A raw event the runtime cannot even identify (no usable `_id` or `operationType`).
@@ -170,21 +188,36 @@ impl ChangeEvent {
             });
         };
         let operation_type = OperationType::parse(operation);
-        let raw = Arc::new(raw);
-        Ok(Self {
-            token: ResumeToken::of_event(&raw),
+        let body = Arc::new(EventBody {
+            raw,
             operation_type,
             cluster_time,
             wall_time,
             namespace: OnceLock::new(),
             update_description: OnceLock::new(),
-            raw,
+        });
+        Ok(Self {
+            token: ResumeToken::of_event(body),
         })
+    }
+
+    /// The event's body. Every event is made by [`ChangeEvent::from_raw`], whose token is a
+    /// view of one; the empty body is never reached.
+    fn body(&self) -> &EventBody {
+        static EMPTY: LazyLock<EventBody> = LazyLock::new(|| EventBody {
+            raw: Document::new(),
+            operation_type: OperationType::Other(String::new()),
+            cluster_time: None,
+            wall_time: None,
+            namespace: OnceLock::new(),
+            update_description: OnceLock::new(),
+        });
+        self.token.event_body().unwrap_or(&EMPTY)
     }
 
     /// The whole event as the source delivered it.
     pub fn raw(&self) -> &Document {
-        &self.raw
+        &self.body().raw
     }
 
     /// The event's resume token (`_id`).
@@ -194,13 +227,14 @@ impl ChangeEvent {
 
     /// `operationType`.
     pub fn operation_type(&self) -> &OperationType {
-        &self.operation_type
+        &self.body().operation_type
     }
 
     /// `ns` (empty when the event has none).
     pub fn namespace(&self) -> &Namespace {
-        self.namespace
-            .get_or_init(|| match self.raw.get_document("ns") {
+        let body = self.body();
+        body.namespace
+            .get_or_init(|| match body.raw.get_document("ns") {
                 Ok(ns) => Namespace {
                     db: ns.get_str("db").unwrap_or_default().to_owned(),
                     coll: ns.get_str("coll").ok().map(str::to_owned),
@@ -211,34 +245,35 @@ impl ChangeEvent {
 
     /// `documentKey` (the `_id`, plus the shard key on sharded collections).
     pub fn document_key(&self) -> Option<&Document> {
-        self.raw.get_document("documentKey").ok()
+        self.raw().get_document("documentKey").ok()
     }
 
     /// `clusterTime`: the operation's time in the oplog.
     pub fn cluster_time(&self) -> Option<Timestamp> {
-        self.cluster_time
+        self.body().cluster_time
     }
 
     /// `wallTime`: the server's wall clock when the operation ran.
     pub fn wall_time(&self) -> Option<DateTime> {
-        self.wall_time
+        self.body().wall_time
     }
 
     /// `txnNumber`, for events written in a transaction.
     pub fn txn_number(&self) -> Option<i64> {
-        self.raw.get_i64("txnNumber").ok()
+        self.raw().get_i64("txnNumber").ok()
     }
 
     /// `lsid`, for events written in a session.
     pub fn lsid(&self) -> Option<&Document> {
-        self.raw.get_document("lsid").ok()
+        self.raw().get_document("lsid").ok()
     }
 
     /// `updateDescription`, for updates.
     pub fn update_description(&self) -> Option<&UpdateDescription> {
-        self.update_description
+        let body = self.body();
+        body.update_description
             .get_or_init(|| {
-                self.raw
+                body.raw
                     .get_document("updateDescription")
                     .ok()
                     .map(|u| UpdateDescription {
@@ -265,7 +300,7 @@ impl ChangeEvent {
 
     /// `splitEvent`, for fragments of a large event.
     pub fn split(&self) -> Option<SplitEvent> {
-        self.raw
+        self.raw()
             .get_document("splitEvent")
             .ok()
             .map(|s| SplitEvent {
@@ -276,25 +311,25 @@ impl ChangeEvent {
 
     /// `fullDocument`, when present and not null.
     pub fn full_document(&self) -> Option<&Document> {
-        self.raw.get_document("fullDocument").ok()
+        self.raw().get_document("fullDocument").ok()
     }
 
     /// `fullDocumentBeforeChange`, when present and not null.
     pub fn full_document_before_change(&self) -> Option<&Document> {
-        self.raw.get_document("fullDocumentBeforeChange").ok()
+        self.raw().get_document("fullDocumentBeforeChange").ok()
     }
 }
 
 impl fmt::Debug for ChangeEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ChangeEvent")
-            .field("raw", &self.raw)
+            .field("raw", self.raw())
             .field("token", &self.token)
-            .field("operation_type", &self.operation_type)
+            .field("operation_type", self.operation_type())
             .field("namespace", self.namespace())
             .field("document_key", &self.document_key())
-            .field("cluster_time", &self.cluster_time)
-            .field("wall_time", &self.wall_time)
+            .field("cluster_time", &self.cluster_time())
+            .field("wall_time", &self.wall_time())
             .field("txn_number", &self.txn_number())
             .field("lsid", &self.lsid())
             .field("update_description", &self.update_description())

@@ -143,7 +143,7 @@ fn context<T: serde::de::DeserializeOwned + 'static>(
     raw: Document,
 ) -> ChangeContext<T> {
     let event = ChangeEvent::from_raw(raw).expect("valid raw event");
-    ChangeContext::decode(stream, Arc::new(event)).expect("decodable event")
+    ChangeContext::decode(stream, event).expect("decodable event")
 }
 
 fn event(op: &str) -> Document {

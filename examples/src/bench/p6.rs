@@ -65,7 +65,7 @@ impl Mode {
 #[derive(Default)]
 pub struct Footprint {
     mode: Mode,
-    kept: Mutex<Vec<Arc<ChangeEvent>>>,
+    kept: Mutex<Vec<ChangeEvent>>,
 }
 
 #[change_stream(name = "p6", collection = "p6")]

@@ -144,7 +144,7 @@ pub(crate) fn call_key<H: StreamHandler>(
 /// key); otherwise it is decoded here.
 pub(crate) async fn process_event<H: StreamHandler>(
     handler: &Arc<H>,
-    event: &Arc<ChangeEvent>,
+    event: &ChangeEvent,
     decoded: Option<Arc<ChangeContext<H::Document>>>,
     cx: &ProcessCx<'_>,
     rng: &mut Rng,

@@ -109,7 +109,7 @@ impl<H: StreamHandler> ErasedStream for TypedStream<H> {
         async move {
             let event = ChangeEvent::from_raw(raw)
                 .map_err(|e| HandlerError::kind_msg(HandlerErrorKind::Decode, e))?;
-            let ctx = ChangeContext::<H::Document>::decode(name, Arc::new(event))
+            let ctx = ChangeContext::<H::Document>::decode(name, event)
                 .map_err(|e| HandlerError::with_kind(HandlerErrorKind::Decode, e))?;
             let ctx = Arc::new(ctx);
             if !process::call_filter(&*handler, &ctx)? {

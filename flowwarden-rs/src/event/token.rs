@@ -4,6 +4,8 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 
 use bson::{Bson, Document, Timestamp};
+
+use super::EventBody;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// An opaque, ordered stream position as the server issues it (`{_data: "<hex>"}`).
@@ -20,8 +22,8 @@ pub struct ResumeToken(Repr);
 enum Repr {
     /// A token document of its own.
     Own(Arc<Document>),
-    /// The `_id` of this raw change event (a document, checked when the event was received).
-    InEvent(Arc<Document>),
+    /// The `_id` of this received event (a document, checked when the event was received).
+    InEvent(Arc<EventBody>),
 }
 
 /// The `_id` document of a raw event whose `_id` was checked to be a document. The server puts
@@ -44,16 +46,25 @@ impl ResumeToken {
         Self(Repr::Own(Arc::new(doc)))
     }
 
-    /// The token of a raw event whose `_id` the caller checked to be a document, sharing it.
-    pub(super) fn of_event(raw: &Arc<Document>) -> Self {
-        Self(Repr::InEvent(raw.clone()))
+    /// The token of an event whose `_id` the caller checked to be a document: a view of the
+    /// event's body, which it shares.
+    pub(super) fn of_event(body: Arc<EventBody>) -> Self {
+        Self(Repr::InEvent(body))
+    }
+
+    /// The body of the event this token is a view of, if it is one.
+    pub(super) fn event_body(&self) -> Option<&EventBody> {
+        match &self.0 {
+            Repr::Own(_) => None,
+            Repr::InEvent(body) => Some(body),
+        }
     }
 
     /// The token as a BSON document, for storing it or handing it back to the server.
     pub fn as_document(&self) -> &Document {
         match &self.0 {
             Repr::Own(doc) => doc,
-            Repr::InEvent(raw) => event_id(raw),
+            Repr::InEvent(body) => event_id(body.raw()),
         }
     }
 
@@ -61,7 +72,7 @@ impl ResumeToken {
     pub fn into_document(self) -> Document {
         match self.0 {
             Repr::Own(doc) => Arc::unwrap_or_clone(doc),
-            Repr::InEvent(raw) => event_id(&raw).clone(),
+            Repr::InEvent(body) => event_id(body.raw()).clone(),
         }
     }
 
@@ -70,7 +81,7 @@ impl ResumeToken {
     pub(crate) fn detached(&self) -> Self {
         match &self.0 {
             Repr::Own(_) => self.clone(),
-            Repr::InEvent(raw) => Self::from_document(event_id(raw).clone()),
+            Repr::InEvent(body) => Self::from_document(event_id(body.raw()).clone()),
         }
     }
 

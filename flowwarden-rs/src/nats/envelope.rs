@@ -83,11 +83,10 @@ mod tests {
     use crate::context::ChangeContext;
     use crate::event::ChangeEvent;
     use bson::{doc, oid::ObjectId, DateTime, Document, Timestamp};
-    use std::sync::Arc;
 
     fn ctx(raw: Document) -> ChangeContext<Document> {
         let event = ChangeEvent::from_raw(raw).expect("a valid event");
-        ChangeContext::decode("orders", Arc::new(event)).expect("decodes")
+        ChangeContext::decode("orders", event).expect("decodes")
     }
 
     #[test]

@@ -197,7 +197,7 @@ type Decoded<H> = Option<Arc<ChangeContext<<H as StreamHandler>::Document>>>;
 fn event_key<H: StreamHandler>(
     handler: &H,
     name: &'static str,
-    event: &Arc<ChangeEvent>,
+    event: &ChangeEvent,
 ) -> (EventKey, Decoded<H>) {
     let Some(document_key) = event.document_key() else {
         return (EventKey::Barrier, None);

@@ -4,7 +4,6 @@
 //! server is read by a reader feeding a bounded channel; a serial stream over a cursor that
 //! answers from memory reads it itself, one event at a time.
 
-use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -278,7 +277,7 @@ impl<H: StreamHandler> Worker<H> {
     fn admit(&mut self, raw: bson::Document) -> Result<Admitted, SessionEnd> {
         let name = self.def.name;
         let event = match ChangeEvent::from_raw(raw) {
-            Ok(e) => Arc::new(e),
+            Ok(e) => e,
             Err(e) => {
                 return Err(SessionEnd::Halt(Halt::new(
                     HaltReason::SourceFatal,
@@ -465,7 +464,7 @@ pub(super) enum Read {
 
 /// A received event, registered with the tracker and not yet settled.
 pub(super) struct Admitted {
-    pub(super) event: Arc<ChangeEvent>,
+    pub(super) event: ChangeEvent,
     pub(super) ticket: Ticket,
     pub(super) invalidate: bool,
     /// The event's key in the redelivery memory, computed once on receipt.

@@ -7,8 +7,6 @@
 //! seen twice (scanned, then its change), none is missed. The scan hands documents over one
 //! at a time, whatever the stream's `concurrency`.
 
-use std::sync::Arc;
-
 use bson::DateTime;
 use tokio::time::Instant;
 use tracing::{info, warn, Instrument};
@@ -222,7 +220,7 @@ impl<H: StreamHandler> Worker<H> {
                 let id = document.get("_id").cloned();
                 let event =
                     match ChangeEvent::snapshot_read(&namespace, &progress.start.token, document) {
-                        Ok(event) => Arc::new(event),
+                        Ok(event) => event,
                         Err(e) => {
                             self.save_snapshot(&progress).await?;
                             return Err(StreamExit::Halted(Halt::new(
@@ -281,7 +279,7 @@ impl<H: StreamHandler> Worker<H> {
 
     /// Hands one scanned document to the handlers (filter, route, retries, dead letter),
     /// waiting for it on a stop up to the shutdown timeout, as the stream does for an event.
-    async fn read_one(&mut self, event: Arc<ChangeEvent>, after: Option<Checkpoint>) -> Read {
+    async fn read_one(&mut self, event: ChangeEvent, after: Option<Checkpoint>) -> Read {
         let name = self.def.name;
         self.env.status.count_received(None);
         let transactions = self.env.transactions.clone();

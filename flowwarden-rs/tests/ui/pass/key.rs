@@ -1,6 +1,5 @@
 //! `#[key]` methods returning every kind of `Hash` value; equal keys hash equally.
 use std::hash::Hash;
-use std::sync::Arc;
 
 use bson::doc;
 use flowwarden::{change_stream, ChangeContext, ChangeEvent, StreamHandler};
@@ -96,7 +95,7 @@ fn ctx<T: serde::de::DeserializeOwned + 'static>(id: i32, customer: &str) -> Cha
         "fullDocument": { "_id": id, "customer": customer, "shop": 1 },
     };
     let event = ChangeEvent::from_raw(raw).expect("a valid event");
-    ChangeContext::decode("test", Arc::new(event)).expect("decodes")
+    ChangeContext::decode("test", event).expect("decodes")
 }
 
 fn main() {
