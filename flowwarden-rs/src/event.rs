@@ -121,8 +121,7 @@ pub struct SplitEvent {
 ///
 /// A `ChangeEvent` is a handle: the raw document and what was read from it sit in one shared
 /// allocation, which the event's token ([`ChangeEvent::token`]) is a view of. Cloning an event
-/// (the runtime, the handler's context and a dead-letter record each keep one) copies a
-/// pointer.
+/// (the runtime and the handler's context each keep one) copies a pointer.
 #[derive(Clone)]
 pub struct ChangeEvent {
     /// Always the event's own token, a view of its body (`ResumeToken::of_event`).
@@ -426,6 +425,13 @@ mod tests {
         let ev = ChangeEvent::from_raw(raw.clone()).expect("parses");
         let id = ev.raw().get_document("_id").expect("id");
         assert!(std::ptr::eq(ev.token().as_document(), id), "not a copy");
+        let clone = ev.clone();
+        assert!(
+            std::ptr::eq(clone.raw(), ev.raw()),
+            "a clone shares the body"
+        );
+        assert!(std::ptr::eq(clone.token().as_document(), id));
+        assert_eq!(clone.operation_type(), &OperationType::Insert);
         let own = ResumeToken::from_document(doc! {"_data": "00AE"});
         assert_eq!(ev.token(), &own);
         assert_eq!(format!("{:?}", ev.token()), format!("{own:?}"));
