@@ -133,15 +133,15 @@ impl<H: StreamHandler> Worker<H> {
             let msg = if rx.has_buffered() {
                 // The next item is at hand: nothing to wait for, so no select. The stop request
                 // and the heartbeat come first, as in the select below.
-                if stop_requested(&mut stop) {
-                    return SessionEnd::Stop;
-                }
-                let now = reading.unwrap_or_else(Instant::now);
-                if heartbeat.as_mut().is_some_and(|h| h.try_tick(now)) {
-                    if let Err(h) = self.progress.save().await {
-                        return SessionEnd::Halt(h);
+                match before_taking(&mut stop, heartbeat, reading) {
+                    Before::Stop => return SessionEnd::Stop,
+                    Before::Save => {
+                        if let Err(h) = self.progress.save().await {
+                            return SessionEnd::Halt(h);
+                        }
+                        continue;
                     }
-                    continue;
+                    Before::Take => {}
                 }
                 rx.take_buffered()
             } else {
@@ -191,16 +191,15 @@ impl<H: StreamHandler> Worker<H> {
         }
         let mut taken: u32 = 0;
         loop {
-            let reading = self.reading.take();
-            if stop_requested(&mut stop) {
-                return SessionEnd::Stop;
-            }
-            let now = reading.unwrap_or_else(Instant::now);
-            if heartbeat.as_mut().is_some_and(|h| h.try_tick(now)) {
-                if let Err(h) = self.progress.save().await {
-                    return SessionEnd::Halt(h);
+            match before_taking(&mut stop, heartbeat, self.reading.take()) {
+                Before::Stop => return SessionEnd::Stop,
+                Before::Save => {
+                    if let Err(h) = self.progress.save().await {
+                        return SessionEnd::Halt(h);
+                    }
+                    continue;
                 }
-                continue;
+                Before::Take => {}
             }
             taken = taken.wrapping_add(1);
             if taken.is_multiple_of(EVENTS_PER_BUDGET_UNIT) {
@@ -450,6 +449,33 @@ impl<H: StreamHandler> Worker<H> {
             }
         }
     }
+}
+
+/// What a serial session does before it takes an event at hand.
+enum Before {
+    /// A stop was requested.
+    Stop,
+    /// The heartbeat is due: save, then look again.
+    Save,
+    /// Take the event.
+    Take,
+}
+
+/// Checks, between two events, for a stop request and then for a due heartbeat, on `reading`
+/// (a clock reading taken just before, if the caller has one) or on a new one.
+fn before_taking(
+    stop: &mut watch::Receiver<bool>,
+    heartbeat: &mut Option<Heartbeat>,
+    reading: Option<Instant>,
+) -> Before {
+    if stop_requested(stop) {
+        return Before::Stop;
+    }
+    let now = reading.unwrap_or_else(Instant::now);
+    if heartbeat.as_mut().is_some_and(|h| h.try_tick(now)) {
+        return Before::Save;
+    }
+    Before::Take
 }
 
 /// What one message of the reader asks of the session.
