@@ -4,6 +4,7 @@
 //! server is read by a reader feeding a bounded channel; a serial stream over a cursor that
 //! answers from memory reads it itself, one event at a time.
 
+use std::future::Future;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -61,14 +62,13 @@ impl<H: StreamHandler> Worker<H> {
         }
     }
 
-    pub(super) async fn session(&mut self, cursor: Box<dyn ChangeCursor>) -> SessionEnd {
+    pub(super) async fn session(&mut self, mut cursor: Box<dyn ChangeCursor>) -> SessionEnd {
         let mode = cursor.read_mode();
         let mut heartbeat = heartbeat(self.def);
         let keyed = self.def.concurrency.concurrency() > 1;
         if mode == ReadMode::InProcess && !keyed {
             // Nothing to overlap, nothing to hand over: the stream's task reads each event as
             // it takes it.
-            let mut cursor = cursor;
             let end = self.serial_in_process(&mut cursor, &mut heartbeat).await;
             drop(cursor);
             return self.session_ended(end).await;
@@ -145,22 +145,9 @@ impl<H: StreamHandler> Worker<H> {
                 }
                 rx.take_buffered()
             } else {
-                tokio::select! {
-                    biased;
-                    _ = stopped(&mut stop) => return SessionEnd::Stop,
-                    finished = in_flight_finished(&mut self.progress.in_flight) => {
-                        if let Err(h) = self.progress.finish(finished) {
-                            return SessionEnd::Halt(h);
-                        }
-                        continue;
-                    }
-                    _ = tick(heartbeat) => {
-                        if let Err(h) = self.progress.save().await {
-                            return SessionEnd::Halt(h);
-                        }
-                        continue;
-                    }
-                    msg = rx.recv() => msg,
+                match self.serving_while(rx.recv(), &mut stop, heartbeat).await {
+                    Ok(msg) => msg,
+                    Err(end) => return end,
                 }
             };
             match self.on_read(msg) {
@@ -211,22 +198,9 @@ impl<H: StreamHandler> Worker<H> {
                 let mut next = cursor.next();
                 match futures::poll!(&mut next) {
                     Poll::Ready(item) => item,
-                    Poll::Pending => loop {
-                        tokio::select! {
-                            biased;
-                            _ = stopped(&mut stop) => return SessionEnd::Stop,
-                            finished = in_flight_finished(&mut self.progress.in_flight) => {
-                                if let Err(h) = self.progress.finish(finished) {
-                                    return SessionEnd::Halt(h);
-                                }
-                            }
-                            _ = tick(heartbeat) => {
-                                if let Err(h) = self.progress.save().await {
-                                    return SessionEnd::Halt(h);
-                                }
-                            }
-                            item = &mut next => break item,
-                        }
+                    Poll::Pending => match self.serving_while(next, &mut stop, heartbeat).await {
+                        Ok(item) => item,
+                        Err(end) => return end,
                     },
                 }
             };
@@ -238,6 +212,29 @@ impl<H: StreamHandler> Worker<H> {
                         return end;
                     }
                 }
+            }
+        }
+    }
+
+    /// Waits for `read` (the next item) while serving a stop request, the checkpoint write
+    /// behind the stream and the heartbeat, in that order of priority. `read` is kept across
+    /// them, never dropped, until it answers or the session ends.
+    async fn serving_while<T>(
+        &mut self,
+        read: impl Future<Output = T>,
+        stop: &mut watch::Receiver<bool>,
+        heartbeat: &mut Option<Heartbeat>,
+    ) -> Result<T, SessionEnd> {
+        let mut read = std::pin::pin!(read);
+        loop {
+            tokio::select! {
+                biased;
+                _ = stopped(stop) => return Err(SessionEnd::Stop),
+                finished = in_flight_finished(&mut self.progress.in_flight) => {
+                    self.progress.finish(finished).map_err(SessionEnd::Halt)?;
+                }
+                _ = tick(heartbeat) => self.progress.save().await.map_err(SessionEnd::Halt)?,
+                item = &mut read => return Ok(item),
             }
         }
     }
