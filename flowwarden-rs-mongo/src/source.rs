@@ -1,8 +1,9 @@
 //! The change source: `watch()` on the stream's collection, read as raw documents.
 //!
 //! The driver traps this design follows (see `docs/mongodb.md`):
-//! - events are read as `bson::Document`, so the driver never fails to decode one after it has
-//!   moved its cached token past it; the runtime decodes into the user's type;
+//! - events are read still encoded (`RawDocumentBuf`), so the driver never fails to decode one
+//!   after it has moved its cached token past it; the runtime decodes them, on the stream's
+//!   task rather than this cursor's reader (see `SourceItem::Encoded`), into the user's type;
 //! - the cursor is read with `next_if_any()` in a plain loop, from the engine's one reader
 //!   task; no `next()` is raced against a timer or dropped mid-flight;
 //! - an empty batch becomes an idle tick carrying the post-batch resume token, so quiet and
@@ -13,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use bson::{doc, Bson, Document, Timestamp};
+use bson::{doc, Bson, Document, RawDocumentBuf, Timestamp};
 use flowwarden::port::{
     ChangeCursor, ChangeSource, HistoryBounds, HistoryUnknown, ScanRequest, SourceError,
     SourceErrorKind, SourceItem, StartAt, WatchSpec,
@@ -25,7 +26,7 @@ use tracing::{debug, warn};
 
 use crate::classify::classify;
 use crate::resumes::DriverResumes;
-use crate::token::{event_token, from_driver, to_driver};
+use crate::token::{from_driver, to_driver};
 use crate::MongoBackend;
 
 /// The stage that asks the server to split events over 16 MB into fragments.
@@ -33,7 +34,7 @@ pub const SPLIT_STAGE: &str = "$changeStreamSplitLargeEvent";
 
 /// An open change stream of one collection (see the module documentation).
 pub struct MongoCursor {
-    stream: ChangeStream<Document>,
+    stream: ChangeStream<RawDocumentBuf>,
     name: &'static str,
     initial: Option<ResumeToken>,
     /// Whether the pipeline ends with `$changeStreamSplitLargeEvent`.
@@ -285,8 +286,9 @@ impl MongoBackend {
             );
             err
         })?;
-        // Raw documents: the runtime decodes (driver trap 1).
-        let stream = stream.with_type::<Document>();
+        // Raw documents, still encoded: the runtime decodes (driver trap 1), on the stream's
+        // task.
+        let stream = stream.with_type::<RawDocumentBuf>();
         // Right after the open, the driver's token is the post-batch token of an empty first
         // batch (or the token we resumed from): a position without a gap.
         let initial = match &at {
@@ -408,7 +410,7 @@ impl ChangeCursor for MongoCursor {
             self.account_driver_resumes();
             match read {
                 Ok(Some(event)) => {
-                    if event_token(&event).is_none() {
+                    if event.get_document("_id").is_err() {
                         return Err(SourceError::new(
                             SourceErrorKind::Configuration,
                             format!("stream '{}': a change event has no `_id` resume token (the pipeline must not remove or alter `_id`)", self.name),
@@ -418,8 +420,17 @@ impl ChangeCursor for MongoCursor {
                         self.saw_invalidate = true;
                     }
                     if !self.split {
-                        return Ok(Some(SourceItem::Event(event)));
+                        return Ok(Some(SourceItem::Encoded(event)));
                     }
+                    let event = Document::try_from(event).map_err(|e| {
+                        SourceError::new(
+                            SourceErrorKind::Fatal,
+                            format!(
+                                "stream '{}': a change event is not valid BSON: {e}",
+                                self.name
+                            ),
+                        )
+                    })?;
                     if let Some(whole) = self.assembler.push(event)? {
                         self.ready.push_back(whole);
                     }

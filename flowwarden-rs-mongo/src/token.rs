@@ -1,6 +1,6 @@
 //! Conversions between the runtime's resume token (a BSON document) and the driver's.
 
-use bson::{Bson, Document};
+use bson::Bson;
 use flowwarden::port::{SourceError, SourceErrorKind};
 use flowwarden::ResumeToken;
 use mongodb::change_stream::event::ResumeToken as DriverToken;
@@ -21,11 +21,6 @@ pub(crate) fn from_driver(token: &DriverToken) -> Option<ResumeToken> {
         Ok(Bson::Document(d)) if !d.is_empty() => Some(ResumeToken::from_document(d)),
         _ => None,
     }
-}
-
-/// The `_id` of a raw change event.
-pub(crate) fn event_token(event: &Document) -> Option<&Document> {
-    event.get_document("_id").ok()
 }
 
 #[cfg(test)]

@@ -44,13 +44,15 @@ pub fn spec(collection: &str, pipeline: Vec<Document>) -> WatchSpec {
     }
 }
 
-/// The next item, bounded by 10 s.
+/// The next item, bounded by 10 s, with an event handed over encoded decoded
+/// (`SourceItem::decode`).
 pub async fn next_item(
     cursor: &mut Box<dyn ChangeCursor>,
 ) -> Result<Option<SourceItem>, SourceError> {
-    tokio::time::timeout(Duration::from_secs(10), cursor.next())
+    let item = tokio::time::timeout(Duration::from_secs(10), cursor.next())
         .await
-        .expect("the cursor answers within 10 s")
+        .expect("the cursor answers within 10 s")?;
+    Ok(item.map(|i| i.decode().expect("the event is valid BSON")))
 }
 
 /// The next event, skipping idle ticks (bounded).
@@ -59,6 +61,7 @@ pub async fn next_event(cursor: &mut Box<dyn ChangeCursor>) -> Result<Document, 
         match next_item(cursor).await? {
             Some(SourceItem::Event(e)) => return Ok(e),
             Some(SourceItem::Idle(_)) => continue,
+            Some(SourceItem::Encoded(_)) => unreachable!("next_item decodes"),
             None => panic!("the cursor closed while an event was expected"),
         }
     }

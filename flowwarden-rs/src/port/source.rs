@@ -68,9 +68,27 @@ impl fmt::Display for StartAt {
 pub enum SourceItem {
     /// A raw change event, exactly as the server shapes it.
     Event(Document),
+    /// A raw change event still in its BSON encoding, exactly as the server sent it. The engine
+    /// decodes it on the stream's task ([`SourceItem::decode`]), so a source that reads ahead
+    /// on a task of its own (the MongoDB backend) hands over one buffer per event and leaves
+    /// the decoding, and the many small allocations it makes, to the task that later frees
+    /// them. Bytes that are not a valid BSON document halt the stream (`SourceFatal`): the
+    /// event cannot be identified, so it is never checkpointed past.
+    Encoded(bson::RawDocumentBuf),
     /// The cursor read a batch with no events; the token is the post-batch resume token: a
     /// position at or after everything the server scanned, safe to resume after.
     Idle(Option<ResumeToken>),
+}
+
+impl SourceItem {
+    /// The item with an [`SourceItem::Encoded`] event decoded into a [`SourceItem::Event`]
+    /// (any other item as it is); fails when the bytes are not a valid BSON document.
+    pub fn decode(self) -> Result<SourceItem, bson::raw::Error> {
+        match self {
+            SourceItem::Encoded(bytes) => Document::try_from(bytes).map(SourceItem::Event),
+            other => Ok(other),
+        }
+    }
 }
 
 /// How the engine must treat a source error.

@@ -259,28 +259,29 @@ impl<H: StreamHandler> Worker<H> {
                 }
                 Read::Nothing
             }
-            Some(Ok(Some(SourceItem::Event(raw)))) => {
-                self.restart_failures = 0;
-                match self.admit(raw) {
-                    Ok(admitted) => Read::Event(admitted),
-                    Err(end) => Read::End(end),
-                }
-            }
+            Some(Ok(Some(SourceItem::Event(raw)))) => self.admit_read(Ok(raw)),
+            // Decoded here, on the stream's task: see `SourceItem::Encoded`.
+            Some(Ok(Some(SourceItem::Encoded(bytes)))) => self.admit_read(
+                bson::Document::try_from(bytes).map_err(|e| format!("not valid BSON: {e}")),
+            ),
         }
     }
 
-    /// Identifies a raw event, counts it and registers it with the tracker (seen, in flight).
-    fn admit(&mut self, raw: bson::Document) -> Result<Admitted, SessionEnd> {
+    /// Admits an event read from the cursor (decoded, or why it could not be).
+    fn admit_read(&mut self, raw: Result<bson::Document, String>) -> Read {
+        self.restart_failures = 0;
+        match raw.and_then(|raw| ChangeEvent::from_raw(raw).map_err(|e| e.to_string())) {
+            Ok(event) => Read::Event(self.admit(event)),
+            Err(why) => Read::End(SessionEnd::Halt(Halt::new(
+                HaltReason::SourceFatal,
+                format!("stream '{}': the source delivered an event that cannot be identified ({why}); it cannot be checkpointed past, so the stream halts", self.def.name),
+            ))),
+        }
+    }
+
+    /// Counts an identified event and registers it with the tracker (seen, in flight).
+    fn admit(&mut self, event: ChangeEvent) -> Admitted {
         let name = self.def.name;
-        let event = match ChangeEvent::from_raw(raw) {
-            Ok(e) => e,
-            Err(e) => {
-                return Err(SessionEnd::Halt(Halt::new(
-                    HaltReason::SourceFatal,
-                    format!("stream '{name}': the source delivered an event that cannot be identified ({e}); it cannot be checkpointed past, so the stream halts"),
-                )))
-            }
-        };
         self.metrics.received.increment(1);
         self.env.probe.set_caught_up(false);
         let recent_key = RecentKey::of(event.token());
@@ -302,12 +303,12 @@ impl<H: StreamHandler> Worker<H> {
             wall_time: event.wall_time(),
             start_after: invalidate,
         });
-        Ok(Admitted {
+        Admitted {
             event,
             ticket,
             invalidate,
             recent_key,
-        })
+        }
     }
 
     /// Records a settled event: the tracker, the redelivery memory, and the checkpoint when a

@@ -128,7 +128,8 @@ pub struct Settings {
     pub concurrency: u32,
     /// The source asks to be read on the stream's own task (`ReadMode::InProcess`, as the
     /// in-memory backend does) instead of by a reader task of its own (`ReadAhead`, as
-    /// MongoDB's cursor does).
+    /// MongoDB's cursor does; its events are then handed over still encoded,
+    /// `SourceItem::Encoded`, as MongoDB's are).
     pub read_in_process: bool,
     /// `Some`: the stream starts with `start_position = Snapshot` (an initial snapshot of the
     /// documents present before the start); `None`: `start_position = Resume`.

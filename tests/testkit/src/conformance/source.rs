@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use flowwarden::port::{SourceErrorKind, SourceItem, StartAt};
 
-use super::support::{ensure_eq, expected, next_event, ops, read_n, seen, CaseResult, Cx, Failure};
+use super::support::{
+    ensure_eq, event_of, expected, next_event, ops, read_n, seen, CaseResult, Cx, Failure,
+};
 use super::target::ConformanceTarget;
 
 /// How long a case waits for a cursor to report lost history or an idle tick.
@@ -114,11 +116,12 @@ pub(crate) async fn lost_history_is_history_lost<T: ConformanceTarget>(
                 )))
             }
             Ok(Ok(Some(SourceItem::Idle(_)))) => continue,
-            Ok(Ok(Some(SourceItem::Event(e)))) => {
+            Ok(Ok(Some(item))) => {
+                let e = event_of(item, "resume after lost history")?;
                 return Err(Failure::Failed(format!(
                     "resume after lost history delivered an event instead of HistoryLost: {:?}",
                     seen(&e)?
-                )))
+                )));
             }
             Ok(Ok(None)) => {
                 return Err(Failure::Failed(
@@ -187,11 +190,12 @@ pub(crate) async fn idle_tick_token_resumes_without_gap<T: ConformanceTarget>(
             Ok(Err(e)) => return Err(Failure::Failed(format!("idle read failed: {e}"))),
             Ok(Ok(Some(SourceItem::Idle(Some(t))))) => break t,
             Ok(Ok(Some(SourceItem::Idle(None)))) => continue,
-            Ok(Ok(Some(SourceItem::Event(e)))) => {
+            Ok(Ok(Some(item))) => {
+                let e = event_of(item, "idle read")?;
                 return Err(Failure::Failed(format!(
                     "a cursor opened at now on an idle collection delivered {:?}",
                     seen(&e)?
-                )))
+                )));
             }
             Ok(Ok(None)) => {
                 return Err(Failure::Failed("an idle cursor closed".into()));

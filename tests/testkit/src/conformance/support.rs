@@ -216,8 +216,22 @@ pub(crate) async fn next_event(
                 )))
             }
             Ok(Ok(Some(SourceItem::Idle(_)))) => continue,
-            Ok(Ok(Some(SourceItem::Event(e)))) => return Ok(e),
+            Ok(Ok(Some(item))) => return event_of(item, what),
         }
+    }
+}
+
+/// The event an item read from a cursor carries, decoded when the source handed it over
+/// still encoded; fails on bytes that are not BSON and on an idle tick.
+pub(crate) fn event_of(item: SourceItem, what: &str) -> Result<Document, Failure> {
+    match item.decode() {
+        Ok(SourceItem::Event(e)) => Ok(e),
+        Ok(other) => Err(Failure::Failed(format!(
+            "{what}: expected an event, read {other:?}"
+        ))),
+        Err(e) => Err(Failure::Failed(format!(
+            "{what}: the source handed over an event that is not valid BSON: {e}"
+        ))),
     }
 }
 

@@ -151,6 +151,11 @@ impl ChangeCursor for RecCursor {
         let item = self.inner.next().await;
         let mut w = self.world.lock();
         match &item {
+            // The in-memory cursor hands over decoded events; this recorder encodes them below.
+            Ok(Some(SourceItem::Encoded(_))) => w.log(format!(
+                "{}an encoded event from the in-memory cursor",
+                self.tag
+            )),
             Ok(Some(SourceItem::Event(raw))) => {
                 if let Some(seq) = event_seq(raw) {
                     let invalidate = raw.get_str("operationType") == Ok("invalidate");
@@ -199,7 +204,20 @@ impl ChangeCursor for RecCursor {
                 self.tag, e.kind, e.message
             )),
         }
-        item
+        match item {
+            // A cursor read ahead hands its events over still encoded, as MongoDB's does.
+            Ok(Some(SourceItem::Event(raw))) if self.read_mode == ReadMode::ReadAhead => {
+                bson::RawDocumentBuf::from_document(&raw)
+                    .map(|bytes| Some(SourceItem::Encoded(bytes)))
+                    .map_err(|e| {
+                        SourceError::new(
+                            SourceErrorKind::Fatal,
+                            format!("{}the event cannot be encoded: {e}", self.tag),
+                        )
+                    })
+            }
+            other => other,
+        }
     }
 
     fn initial_position(&self) -> Option<ResumeToken> {
