@@ -172,6 +172,45 @@ pub async fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool
     }
 }
 
+/// Waits until stream `name` of `rt` has handled `events` events, looking every millisecond:
+/// the end of a timed run is then known to within about a millisecond, where
+/// `RuntimeHandle::wait_for` (which looks every 10 ms) adds up to 10 ms to it.
+pub async fn wait_handled(
+    rt: &flowwarden::Runtime,
+    name: &str,
+    events: u64,
+) -> Result<(), BenchError> {
+    let handle = rt.handle();
+    loop {
+        let status = handle
+            .status(name)
+            .ok_or_else(|| format!("stream '{name}' vanished"))?;
+        if let Some(halt) = status.halt {
+            return Err(format!("stream '{name}' halted: {}", halt.message));
+        }
+        if status.counters.handled >= events {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// The item of median `key` among `items`, the lower middle one of an even count; `None` when
+/// there is none. The figure of a measurement made of interleaved pairs (P1, P2): a single
+/// pair on a shared machine moves by about 0.05 either way.
+pub fn median_by<T: Clone>(items: &[T], key: impl Fn(&T) -> f64) -> Option<T> {
+    let mut sorted = items.to_vec();
+    sorted.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    let middle = sorted.len().checked_sub(1)? / 2;
+    sorted.get(middle).cloned()
+}
+
+/// `values` with two decimals, in order, comma-separated (`0.81, 0.79, 0.84`).
+pub fn two_decimals(values: impl IntoIterator<Item = f64>) -> String {
+    let all: Vec<String> = values.into_iter().map(|v| format!("{v:.2}")).collect();
+    all.join(", ")
+}
+
 /// One line of the suite's table.
 #[derive(Debug, Clone)]
 pub struct Row {

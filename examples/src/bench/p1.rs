@@ -10,7 +10,8 @@ use flowwarden::{
 };
 
 use super::{
-    bare_spec, memory_token, save_start_checkpoint, start_only, with_checkpoint, BenchError,
+    bare_spec, median_by, memory_token, save_start_checkpoint, start_only, two_decimals,
+    wait_handled, with_checkpoint, BenchError,
 };
 
 /// The no-op stream of P1.
@@ -71,13 +72,10 @@ pub async fn runtime(
     save_start_checkpoint(&stores, "p1", memory_token(0)).await?;
     let t = Instant::now();
     let rt = start_only(AnyStream::with_definition(Noop, def), stores).await?;
-    let done = rt
-        .handle()
-        .wait_for("p1", |s| s.counters.handled >= changes)
-        .await;
+    let done = wait_handled(&rt, "p1", changes).await;
     let elapsed = t.elapsed();
     rt.shutdown().await;
-    done.map_err(|e| format!("stream vanished: {e}"))?;
+    done?;
     Ok(changes as f64 / elapsed.as_secs_f64())
 }
 
@@ -108,11 +106,13 @@ pub struct P1 {
 }
 
 impl P1 {
-    /// The pair of median ratio (the lower middle one of an even count).
+    /// The pair of median ratio (the lower middle one of an even count; no pair measures
+    /// nothing, a ratio of 0).
     pub fn median(&self) -> Pair {
-        let mut sorted = self.pairs.clone();
-        sorted.sort_by(|a, b| a.ratio().total_cmp(&b.ratio()));
-        sorted[(sorted.len() - 1) / 2]
+        median_by(&self.pairs, Pair::ratio).unwrap_or(Pair {
+            bare: 1.0,
+            runtime: 0.0,
+        })
     }
 
     /// The median ratio, runtime / bare.
@@ -122,12 +122,7 @@ impl P1 {
 
     /// Every pair's ratio, in the order they ran (`0.81, 0.79, 0.84`).
     pub fn ratios(&self) -> String {
-        let all: Vec<String> = self
-            .pairs
-            .iter()
-            .map(|p| format!("{:.2}", p.ratio()))
-            .collect();
-        all.join(", ")
+        two_decimals(self.pairs.iter().map(Pair::ratio))
     }
 }
 

@@ -9,7 +9,10 @@ use flowwarden::{change_stream, checkpoint, AnyStream, ChangeContext, ResumeToke
 use flowwarden_rs_mongo::{ConnectOptions, MongoBackend};
 use mongo_emulator::{Emulator, EmulatorOptions};
 
-use super::{save_start_checkpoint, start_only, with_checkpoint, BenchError};
+use super::{
+    median_by, save_start_checkpoint, start_only, two_decimals, wait_handled, with_checkpoint,
+    BenchError,
+};
 
 /// The database P2 works in.
 pub const DB: &str = "bench";
@@ -25,13 +28,9 @@ impl MongoNoop {
     async fn inserted(&self, _ctx: &ChangeContext<bson::Document>) {}
 }
 
-/// The figures of one P2 measurement.
-#[derive(Debug, Clone)]
-pub struct P2 {
-    /// Events read.
-    pub events: u64,
-    /// `save_every_n` of the runtime.
-    pub save_every: u32,
+/// One raw run and the two runtime runs right after it.
+#[derive(Debug, Clone, Copy)]
+pub struct Pair {
     /// Events per second of the raw `watch()` loop.
     pub raw: f64,
     /// Events per second of the runtime on the backend as `MongoBackend::connect` builds it
@@ -42,7 +41,7 @@ pub struct P2 {
     pub runtime_monitored: f64,
 }
 
-impl P2 {
+impl Pair {
     /// runtime / raw.
     pub fn ratio(&self) -> f64 {
         self.runtime / self.raw
@@ -54,13 +53,52 @@ impl P2 {
     }
 }
 
+/// The figures of one P2 measurement: `pairs` interleaved runs, the figure being the pair of
+/// median ratio (as P1's).
+#[derive(Debug, Clone)]
+pub struct P2 {
+    /// Events read.
+    pub events: u64,
+    /// `save_every_n` of the runtime.
+    pub save_every: u32,
+    /// Every pair, in the order they ran.
+    pub pairs: Vec<Pair>,
+}
+
+impl P2 {
+    /// The pair of median ratio (the lower middle one of an even count; no pair measures
+    /// nothing, a ratio of 0).
+    pub fn median(&self) -> Pair {
+        median_by(&self.pairs, Pair::ratio).unwrap_or(Pair {
+            raw: 1.0,
+            runtime: 0.0,
+            runtime_monitored: 0.0,
+        })
+    }
+
+    /// The median ratio, runtime / raw.
+    pub fn ratio(&self) -> f64 {
+        self.median().ratio()
+    }
+
+    /// The median ratio with the command monitor (over the same pairs, taken by that ratio).
+    pub fn ratio_monitored(&self) -> f64 {
+        median_by(&self.pairs, Pair::ratio_monitored).map_or(0.0, |p| p.ratio_monitored())
+    }
+
+    /// Every pair's ratio, in the order they ran.
+    pub fn ratios(&self) -> String {
+        two_decimals(self.pairs.iter().map(Pair::ratio))
+    }
+}
+
 /// An emulator holding `events` inserts in `bench.p2`, and the token of the position before
-/// them. Its oplog keeps the inserts through three runs at `save_every_n = 1`.
-pub async fn prefill(events: u64) -> Result<(Emulator, Document), BenchError> {
+/// them. Its oplog keeps the inserts through `runs` runtime runs at `save_every_n = 1`.
+pub async fn prefill(events: u64, runs: u32) -> Result<(Emulator, Document), BenchError> {
     let emu = Emulator::start_with(EmulatorOptions {
         // Room for every run's checkpoint writes too: each is an oplog entry, and at
-        // `save_every_n = 1` a run writes one per event.
-        oplog_capacity: events as usize * 4 + 10_000,
+        // `save_every_n = 1` a run writes at most one per event.
+        oplog_capacity: events as usize * (runs as usize + 1) + 10_000,
         ..EmulatorOptions::default()
     })
     .await
@@ -135,37 +173,77 @@ pub async fn runtime(
     });
     let t = Instant::now();
     let rt = start_only(AnyStream::with_definition(MongoNoop, def), backend).await?;
-    let done = rt
-        .handle()
-        .wait_for("p2", |s| s.counters.handled >= events)
-        .await;
+    let done = wait_handled(&rt, "p2", events).await;
     let elapsed = t.elapsed();
     rt.shutdown().await;
     // The runtime's cursor is dropped at shutdown: wait for the driver's clean-up (see
     // `raw_loop`).
     client.shutdown().await;
-    done.map_err(|e| format!("stream vanished: {e}"))?;
+    done?;
     Ok(events as f64 / elapsed.as_secs_f64())
 }
 
-/// One emulator with `events` inserts; per `save_every_n`, the raw loop and then the runtime
-/// over them (each ratio pairs a runtime run with the raw run just before). A first raw run,
-/// not counted, warms up.
-pub async fn run(events: u64, save_every: &[u32]) -> Result<Vec<P2>, BenchError> {
-    let (emu, start) = prefill(events).await?;
+/// One emulator with `events` inserts; per `save_every_n` in `save_every`, `pairs` times (at
+/// least once) the raw loop, then the runtime without and with the command monitor over them:
+/// each pair's ratios take the raw run just before, so both run on the machine as it is at
+/// that moment. A first raw run, not counted, warms up.
+///
+/// Everything runs on a worker thread of the Tokio runtime, as the runtime's stream does: on
+/// the thread of `#[tokio::main]` (outside the worker pool) the raw loop ran 10 to 15% slower
+/// on the build machine, a baseline that would flatter the runtime.
+pub async fn run(events: u64, save_every: &[u32], pairs: u32) -> Result<Vec<P2>, BenchError> {
+    let save_every = save_every.to_vec();
+    tokio::spawn(measure(events, save_every, pairs.max(1)))
+        .await
+        .map_err(|e| format!("the measurement panicked: {e}"))?
+}
+
+async fn measure(events: u64, save_every: Vec<u32>, pairs: u32) -> Result<Vec<P2>, BenchError> {
+    let runs = save_every.len() as u32 * pairs * 2;
+    let (emu, start) = prefill(events, runs).await?;
     raw_loop(&emu, &start, events).await?;
     let mut out = Vec::new();
-    for &n in save_every {
-        let raw = raw_loop(&emu, &start, events).await?;
-        let default = runtime(&emu, &start, events, n, false).await?;
-        let monitored = runtime(&emu, &start, events, n, true).await?;
+    for n in save_every {
+        let mut measured = Vec::new();
+        for _ in 0..pairs {
+            let raw = raw_loop(&emu, &start, events).await?;
+            let runtime_default = runtime(&emu, &start, events, n, false).await?;
+            let runtime_monitored = runtime(&emu, &start, events, n, true).await?;
+            measured.push(Pair {
+                raw,
+                runtime: runtime_default,
+                runtime_monitored,
+            });
+        }
         out.push(P2 {
             events,
             save_every: n,
-            raw,
-            runtime: default,
-            runtime_monitored: monitored,
+            pairs: measured,
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_figure_is_the_median_of_its_own_ratio_over_the_pairs() {
+        let pair = |r: f64, m: f64| Pair {
+            raw: 100.0,
+            runtime: 100.0 * r,
+            runtime_monitored: 100.0 * m,
+        };
+        let f = P2 {
+            events: 10,
+            save_every: 100,
+            pairs: vec![pair(0.9, 0.5), pair(0.7, 0.7), pair(0.8, 0.6)],
+        };
+        assert!((f.ratio() - 0.8).abs() < 1e-9);
+        assert!((f.ratio_monitored() - 0.6).abs() < 1e-9);
+        assert_eq!(f.ratios(), "0.90, 0.70, 0.80");
+        let none = P2 { pairs: vec![], ..f };
+        assert_eq!(none.ratio(), 0.0);
+    }
 }
