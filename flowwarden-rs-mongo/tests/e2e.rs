@@ -747,3 +747,86 @@ async fn checkpoint_store_outages_delay_progress_but_lose_nothing(t: &Target) {
     assert_eq!(processed, probe.token_for(4));
     assert_eq!(probe.handled_keys(), ids(&[1, 2, 3, 4]));
 }
+
+// Keyed concurrency through the driver (whose reader hands events over encoded): eight
+// handlers of different keys run at once, never more, each key's changes are handled one at a
+// time in stream order, and the checkpoint ends after the last change.
+scenario!(keyed_concurrency_through_the_driver_keeps_each_keys_order);
+async fn keyed_concurrency_through_the_driver_keeps_each_keys_order(t: &Target) {
+    const KEYS: i32 = 10;
+    const ROUNDS: i32 = 5;
+    let (open_tx, open_rx) = tokio::sync::watch::channel(false);
+    let running = Arc::new(AtomicU32::new(0));
+    let most = Arc::new(AtomicU32::new(0));
+    let (r, m) = (running.clone(), most.clone());
+    let probe = Probe::new(move |_| {
+        let (r, m, mut open) = (r.clone(), m.clone(), open_rx.clone());
+        async move {
+            let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+            m.fetch_max(now, Ordering::SeqCst);
+            // Held until eight handlers run at once.
+            let _ = open.wait_for(|o| *o).await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            r.fetch_sub(1, Ordering::SeqCst);
+            Ok(())
+        }
+        .boxed()
+    });
+    let rt = start(
+        t,
+        &probe,
+        def("keyed", |d| {
+            d.concurrency = flowwarden::ConcurrencyConfig {
+                concurrency: 8,
+                max_in_flight: 32,
+            };
+        }),
+    )
+    .await;
+    let c = t.coll("orders");
+    for round in 0..ROUNDS {
+        for k in 0..KEYS {
+            if round == 0 {
+                c.insert_one(doc! {"_id": k, "n": 0}).await.expect("insert");
+            } else {
+                c.update_one(doc! {"_id": k}, doc! {"$set": {"n": round}})
+                    .await
+                    .expect("update");
+            }
+        }
+    }
+    // Ten keys have changes waiting: eight handlers run at once, held at the gate.
+    wait_until("eight handlers running at once", || {
+        running.load(Ordering::SeqCst) == 8
+    })
+    .await;
+    open_tx.send_replace(true);
+    let total = (KEYS * ROUNDS) as usize;
+    wait_until("every change handled", || probe.successes().len() == total).await;
+    rt.shutdown().await;
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        8,
+        "eight handlers at once, never more"
+    );
+    let successes = probe.successes();
+    for k in 0..KEYS {
+        let of_key: Vec<_> = successes
+            .iter()
+            .filter(|c| c.key == Some(Bson::Int32(k)))
+            .collect();
+        let ops: Vec<&str> = of_key.iter().map(|c| c.op.as_str()).collect();
+        assert_eq!(
+            ops,
+            ["insert", "update", "update", "update", "update"],
+            "key {k}"
+        );
+        assert!(
+            of_key.windows(2).all(|w| w[0].token < w[1].token),
+            "key {k} handled in stream order: {of_key:?}"
+        );
+    }
+    let last = successes.iter().map(|c| c.token.clone()).max();
+    let (_, processed) = t.stored_tokens("keyed").await;
+    assert_eq!(processed, last, "the checkpoint ends after the last change");
+}
