@@ -2,16 +2,17 @@
 //! bare loop over the same source. Run in release mode:
 //!
 //! ```text
-//! cargo run --release -p flowwarden-examples --bin bench_runtime [-- --changes N] [-- --save-every N] [-- --pairs N]
+//! cargo run --release -p flowwarden-examples --bin bench_runtime [-- --changes N] [-- --save-every N] [-- --pairs N] [-- --main-thread]
 //! ```
 //!
 //! Prints events per second of both and their ratio for each of `--pairs` interleaved pairs
-//! (default 3), the median ratio, and the process's peak resident memory.
+//! (default 3), the median ratio, and the process's peak resident memory. Both run on a worker
+//! thread of the Tokio runtime; with `--main-thread` the bare loop runs on the main thread.
 //! `bench_suite` runs it with the others.
 
 use std::time::Instant;
 
-use flowwarden_examples::bench::{arg, p1, peak_rss_mib};
+use flowwarden_examples::bench::{arg, flag, p1, peak_rss_mib};
 
 #[tokio::main]
 async fn main() {
@@ -31,7 +32,12 @@ async fn main() {
         t.elapsed(),
         peak_rss_mib()
     );
-    match p1::run(&backend, changes, &[save_every], pairs).await {
+    let measured = if flag("--main-thread") {
+        p1::run_here(&backend, changes, &[save_every], pairs).await
+    } else {
+        p1::run(&backend, changes, &[save_every], pairs).await
+    };
+    match measured {
         Ok(figures) => {
             for f in figures {
                 for (i, p) in f.pairs.iter().enumerate() {
