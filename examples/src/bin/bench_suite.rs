@@ -6,8 +6,9 @@
 //! ```
 //!
 //! `--quick` uses smaller counts (a smoke run; its figures are not the documented ones).
-//! Each part prints its line as it finishes; a part that fails prints its error in its row
-//! and the suite goes on.
+//! Each part runs in a child process of this binary (`--part P1` .. `--part P6` runs one part
+//! alone), so that none measures in a process an earlier part changed; each prints its lines
+//! as it finishes, and a part that fails prints its error in its row and the suite goes on.
 
 use std::time::Instant;
 
@@ -293,8 +294,17 @@ static HEAP: CountingAllocator = CountingAllocator;
 fn main() {
     // P6 measures in children of this binary: they must not start inside a runtime.
     p6::child_main_if_requested();
+    let Some(part) = arg_after("--part") else {
+        suite();
+        return;
+    };
+    let Some(part) = PARTS.into_iter().find(|p| *p == part) else {
+        eprintln!("unknown part '{part}' (one of {})", PARTS.join(", "));
+        std::process::exit(2);
+    };
+    let c = if flag("--quick") { &QUICK } else { &FULL };
     match tokio::runtime::Runtime::new() {
-        Ok(rt) => rt.block_on(suite()),
+        Ok(rt) => rt.block_on(one_part(part, c)),
         Err(e) => {
             eprintln!("cannot start a tokio runtime: {e}");
             std::process::exit(1);
@@ -302,13 +312,89 @@ fn main() {
     }
 }
 
-async fn suite() {
+/// The word after `name` on the command line (`--part P2`).
+fn arg_after(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == name)?;
+    args.get(i + 1).cloned()
+}
+
+/// The parts of the suite, in the order they run.
+const PARTS: [&str; 6] = ["P1", "P2", "P3", "P4", "P5", "P6"];
+
+/// The start of a part's output line that carries one row of the table (tab-separated).
+const ROW_MARK: &str = "ROW\t";
+
+/// Runs one part in this process and prints its rows: readable, then marked for the parent.
+async fn one_part(part: &'static str, c: &Counts) {
+    let rows = match part {
+        "P1" => part_p1(c).await,
+        "P2" => part_p2(c).await,
+        "P3" => part_p3(c).await,
+        "P4" => part_p4(c).await,
+        "P5" => part_p5(c).await,
+        _ => part_p6(c).await,
+    };
+    print_rows(&rows);
+    let clean = |s: &str| s.replace(['\t', '\n'], " ");
+    for r in &rows {
+        println!(
+            "{ROW_MARK}{}\t{}\t{}",
+            clean(&r.what),
+            clean(&r.figure),
+            clean(&r.target)
+        );
+    }
+}
+
+/// Runs `part` in a child process of this binary (`--part`), so that no part measures in a
+/// process an earlier one changed (the heap left by P1's million-event prefill, its threads);
+/// echoes the child's output and returns its rows.
+fn part_in_child(part: &'static str, quick: bool) -> Vec<Row> {
+    let what = format!("{part} in a child process");
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => return failed(part, &what, format!("cannot find this binary: {e}")),
+    };
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["--part", part]);
+    if quick {
+        cmd.arg("--quick");
+    }
+    let out = match cmd.output() {
+        Ok(out) => out,
+        Err(e) => return failed(part, &what, format!("cannot start the child: {e}")),
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut rows = Vec::new();
+    for line in stdout.lines() {
+        match line.strip_prefix(ROW_MARK) {
+            Some(fields) => {
+                if let [what, figure, target] = fields.splitn(3, '\t').collect::<Vec<_>>()[..] {
+                    rows.push(Row::new(part, what, figure, target));
+                }
+            }
+            None => println!("{line}"),
+        }
+    }
+    if rows.is_empty() || !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+        rows.extend(failed(
+            part,
+            &what,
+            format!("the child ended with {}: {}", out.status, tail.join(" / ")),
+        ));
+    }
+    rows
+}
+
+fn suite() {
     let quick = flag("--quick");
-    let c = if quick { &QUICK } else { &FULL };
     let started = Instant::now();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
-        "flowwarden-rs benchmark suite{} ({cores} cores){}",
+        "flowwarden-rs benchmark suite{} ({cores} cores; each part in a process of its own){}",
         if quick { ", --quick" } else { "" },
         if cfg!(debug_assertions) {
             "; DEBUG BUILD: the figures mean nothing, use --release"
@@ -317,19 +403,10 @@ async fn suite() {
         }
     );
     let mut rows = Vec::new();
-    for part in ["P1", "P2", "P3", "P4", "P5", "P6"] {
+    for part in PARTS {
         let t = Instant::now();
-        let r = match part {
-            "P1" => part_p1(c).await,
-            "P2" => part_p2(c).await,
-            "P3" => part_p3(c).await,
-            "P4" => part_p4(c).await,
-            "P5" => part_p5(c).await,
-            _ => part_p6(c).await,
-        };
-        print_rows(&r);
+        rows.extend(part_in_child(part, quick));
         println!("({part} took {:.1?})", t.elapsed());
-        rows.extend(r);
     }
     println!();
     print_table(&rows);
