@@ -31,12 +31,16 @@ pub type BenchError = String;
 
 /// The value after `name` on the command line (`--events 1000`), or `default`.
 pub fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
+    arg_text(name)
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// The word after `name` on the command line (`--part P2`), if any.
+pub fn arg_text(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == name)?;
+    args.get(i + 1).cloned()
 }
 
 /// Whether `name` is on the command line (`--quick`).

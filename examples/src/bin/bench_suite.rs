@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use flowwarden_examples::bench::heap::CountingAllocator;
 use flowwarden_examples::bench::{
-    flag, p1, p2, p3, p4, p5, p6, print_table, verdict, BenchError, Row,
+    arg_text, flag, p1, p2, p3, p4, p5, p6, print_table, verdict, BenchError, Row,
 };
 
 /// The counts of one run.
@@ -294,7 +294,7 @@ static HEAP: CountingAllocator = CountingAllocator;
 fn main() {
     // P6 measures in children of this binary: they must not start inside a runtime.
     p6::child_main_if_requested();
-    let Some(part) = arg_after("--part") else {
+    let Some(part) = arg_text("--part") else {
         suite();
         return;
     };
@@ -310,13 +310,6 @@ fn main() {
             std::process::exit(1);
         }
     }
-}
-
-/// The word after `name` on the command line (`--part P2`).
-fn arg_after(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == name)?;
-    args.get(i + 1).cloned()
 }
 
 /// The parts of the suite, in the order they run.
